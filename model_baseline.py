@@ -1,0 +1,215 @@
+"""
+The baseline: a decoder-only GPT in the nanoGPT mould.
+
+Tokens are embedded, given a learned absolute position, and passed through
+pre-LayerNorm blocks of causal self-attention and an MLP; a final LayerNorm and an
+output head tied to the token embedding give the next-token logits. This is the model
+that seeds 000 (Future Attention) and 001 (Auto-regressive Encoder-Decoder) compare
+against, and the two other model files repeat its blocks so each reads on its own.
+
+    x_0 = dropout(wte[idx] + wpe[0..T-1])
+    x_l = x_{l-1} + attn(ln_1(x_{l-1}));  x_l = x_l + mlp(ln_2(x_l))
+    logits = ln_f(x_L) @ wte^T
+"""
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+# --------------------------------------------------------------------------------------
+# modules
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        # softmax(q k^T / sqrt(hs)) v over keys j <= i; dropout only while training
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# --------------------------------------------------------------------------------------
+# config
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the seeds'
+    block_size: int = 200  # C, the context length (the seeds' context_size)
+    n_layer: int = 26  # L, number of blocks
+    n_head: int = 10  # H, attention heads per block
+    n_embd: int = 160  # d, the residual width; head size hs = d / H
+    dropout: float = 0.0  # the seeds use 0.0 (0.2 in the dropout baseline)
+    bias: bool = False  # biases in Linear and LayerNorm; the seeds use none
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias must be True or False, got {self.bias!r}")
+
+
+# --------------------------------------------------------------------------------------
+# model
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        # residual out-projections get a smaller init, one per residual add (GPT-2)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self):
+        """All parameters, tied weights once, without the position table (the seeds')."""
+        n_params = sum(p.numel() for p in self.parameters())
+        return n_params - self.transformer.wpe.weight.numel()
+
+    def forward(self, idx, targets=None):
+        """Returns (logits, loss, aux); aux holds auxiliary losses (none here)."""
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)  # (B, T, d)
+
+        if targets is None:
+            # inference: only the last position's logits are needed
+            return self.lm_head(x[:, [-1], :]), None, {}
+        logits = self.lm_head(x)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss, {}
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # matrices decay; biases and LayerNorm gains do not
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    def flops_per_token(self):
+        """Training FLOPs (forward + backward) per token at T = block_size."""
+        cfg = self.config
+        T = cfg.block_size
+        # 6 FLOPs per weight per token (2 forward, 4 backward), and per layer the two
+        # T x T attention matmuls, q k^T and p v: 2 * 2 * T * d forward, 3x with backward
+        return 6 * self.get_num_params() + cfg.n_layer * 12 * cfg.n_embd * T
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / flops_promised
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
