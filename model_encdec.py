@@ -1,0 +1,382 @@
+"""
+The Auto-regressive Encoder-Decoder Transformer (seed 001).
+
+A GPT's L layers become an encoder of L causal blocks and a decoder of L blocks that
+also cross-attend to the encoder's output, both re-run on every new token, so the
+encoder can specialise in understanding the context and the decoder in predicting.
+Two extras help: the next token's position embedding is subtracted before the output
+head, and an "embedding loss" pulls the encoder output towards a running mean of the
+input embeddings E, giving the embedding tables more and richer updates.
+
+    E            = dropout(wte[idx] + wpe[0..T-1])
+    encoder_out  = encoder(E)                          L causal blocks
+    x            = bridge(encoder_out)                 Linear(d, d)
+    x            = x + self_attn(ln_1(x))              each of L decoder blocks
+    x            = x + cross_attn(ln_enc(encoder_out), ln_x(x))   query i sees enc <= i
+    x            = x + mlp(ln_2(x))
+    decoder_out  = ln_f(x) - wpe[1..T]                 sub_pos: the NEXT positions
+    E_avg_i      = (1/(i+1)) sum_{k<=i} LN_a(E)_k      cumulative mean along T
+    embedding_loss = MSE(E_avg, LN_b(encoder_out.detach()))   or a cosine form
+Here n_layer is the number of layers PER STACK: 13 means 13 encoder + 13 decoder blocks.
+"""
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+# --------------------------------------------------------------------------------------
+# modules shared with model_baseline.py (repeated so this file reads on its own)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """An encoder block: exactly the baseline's block."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# --------------------------------------------------------------------------------------
+# the decoder side
+
+
+class CausalCrossAttention(nn.Module):
+    """Decoder queries attend to encoder_out; query i sees encoder positions <= i only."""
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.cross_n_head == 0
+        self.n_head = config.cross_n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, encoder_x, decoder_x):
+        B, T, C = decoder_x.size()
+        k, v = self.c_kv(encoder_x).split(self.n_embd, dim=2)
+        q = self.c_q(decoder_x)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        # the encoder ran on the same tokens, so its position j holds tokens 0..j:
+        # the causal mask keeps query i off everything after i
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        return self.resid_dropout(self.c_proj(y))
+
+
+class DecoderBlock(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.order = config.order
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_enc = LayerNorm(config.n_embd, bias=config.bias)  # on encoder_out
+        self.ln_x = LayerNorm(config.n_embd, bias=config.bias)  # on the decoder stream
+        self.cross_attn = CausalCrossAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, encoder_out):
+        if self.order == "original":  # self-attention, then cross-attention
+            x = x + self.attn(self.ln_1(x))
+            x = x + self.cross_attn(self.ln_enc(encoder_out), self.ln_x(x))
+        else:  # 'alt': cross-attention first
+            x = x + self.cross_attn(self.ln_enc(encoder_out), self.ln_x(x))
+            x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+def disaffinity(E_avg, encoder_out, loss_type):
+    """The embedding loss between (B, T, d) tensors: 0 when they agree."""
+    if loss_type == "mse":
+        return F.mse_loss(E_avg, encoder_out)
+    cos = F.cosine_similarity(E_avg, encoder_out, dim=-1)  # (B, T)
+    if loss_type == "cosine":
+        return (1.0 - (1.0 + cos) / 2.0).mean()
+    return (-torch.log((1.0 + cos) / 2.0)).mean()  # 'log_cosine'
+
+
+# --------------------------------------------------------------------------------------
+# config
+
+SUB_POS = ("no", "yes", "yes_ln")
+ORDERS = ("original", "alt")
+EMBEDDING_LOSS_TYPES = ("none", "mse", "cosine", "log_cosine")
+DETACH = ("encoder_out", "embedding", "none")
+EMBEDDING_LN = ("init", "avg", "none")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the seeds'
+    block_size: int = 200  # C, the context length (the seeds' context_size)
+    n_layer: int = 13  # L, blocks PER STACK: the model has L encoder + L decoder blocks
+    n_head: int = 5  # H, self-attention heads, encoder and decoder
+    n_embd: int = 150  # d, the residual width
+    dropout: float = 0.0  # the seeds use 0.0
+    bias: bool = False  # biases in Linear and the blocks' LayerNorms; the seeds use none
+    cross_n_head: int = None  # heads of the cross-attention; None -> 2 * n_head
+    order: str = "original"  # decoder block: 'original' self then cross, 'alt' swaps; original
+    ln_before_bridge: bool = False  # LayerNorm before the encoder->decoder Linear; False
+    add_pos_to_decoder: bool = False  # add wpe[1..T] to the decoder input; False
+    sub_pos: str = "yes"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; yes
+    embedding_loss_type: str = "mse"  # 'none', 'mse', 'cosine', 'log_cosine'; mse
+    embedding_loss_coeff: float = 1.0  # scale of the embedding loss (8 with sub_pos)
+    detach: str = "encoder_out"  # what the embedding loss does not train: 'encoder_out', 'embedding', 'none'
+    # LN_b on encoder_out for the loss; like LN_a below it is built whenever asked for,
+    # even with no embedding loss, as in the seeds' runs (their parameter counts show it)
+    ln_encoder_out: bool = True
+    embedding_ln: str = "init"  # LN_a on E before the running mean ('init'), after ('avg'), 'none'
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+        if self.cross_n_head is None:
+            self.cross_n_head = 2 * self.n_head
+        if (not isinstance(self.cross_n_head, int) or isinstance(self.cross_n_head, bool)
+                or self.cross_n_head < 1 or self.n_embd % self.cross_n_head != 0):
+            raise ValueError(
+                f"cross_n_head must be a positive integer dividing n_embd ({self.n_embd}), "
+                f"got {self.cross_n_head!r}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name, allowed in (("order", ORDERS), ("sub_pos", SUB_POS),
+                              ("embedding_loss_type", EMBEDDING_LOSS_TYPES),
+                              ("detach", DETACH), ("embedding_ln", EMBEDDING_LN)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(map(repr, allowed))}, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.embedding_loss_coeff, (int, float)) or self.embedding_loss_coeff < 0:
+            raise ValueError(
+                f"embedding_loss_coeff must be a number >= 0, got {self.embedding_loss_coeff!r}"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# model
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        # position C is the "next position" of the last token, used by add/sub_pos
+        uses_next_pos = config.sub_pos != "no" or config.add_pos_to_decoder
+        n_pos = config.block_size + 1 if uses_next_pos else config.block_size
+        d = config.n_embd
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, d),
+            wpe=nn.Embedding(n_pos, d),
+            drop=nn.Dropout(config.dropout),
+            encoder=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            bridge=nn.Linear(d, d, bias=config.bias),
+            decoder=nn.ModuleList([DecoderBlock(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(d, bias=config.bias),
+        ))
+        if config.ln_before_bridge:
+            self.transformer["ln_bridge"] = LayerNorm(d, bias=config.bias)
+        if config.sub_pos == "yes_ln":
+            self.transformer["ln_sub"] = LayerNorm(d, bias=config.bias)
+        if config.embedding_ln != "none":
+            self.transformer["ln_a"] = LayerNorm(d, bias=True)  # LN_a, on E
+        if config.ln_encoder_out:
+            self.transformer["ln_b"] = LayerNorm(d, bias=True)  # LN_b, on encoder_out
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        # every out-projection (self, cross, MLP) gets the smaller residual init
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self):
+        """All parameters, tied weights once, without the position table (the seeds')."""
+        n_params = sum(p.numel() for p in self.parameters())
+        return n_params - self.transformer.wpe.weight.numel()
+
+    def forward(self, idx, targets=None):
+        """Returns (logits, loss, aux); aux = {'embedding_loss': unscaled} in training."""
+        cfg = self.config
+        tr = self.transformer
+        B, T = idx.size()
+        if T > cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        next_pos = pos + 1  # the positions of the tokens each position predicts
+
+        E = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
+        encoder_out = E
+        for block in tr.encoder:
+            encoder_out = block(encoder_out)  # (B, T, d)
+
+        x = tr.ln_bridge(encoder_out) if cfg.ln_before_bridge else encoder_out
+        x = tr.bridge(x)
+        if cfg.add_pos_to_decoder:
+            x = x + tr.wpe(next_pos)
+        for block in tr.decoder:
+            x = block(x, encoder_out)
+        decoder_out = tr.ln_f(x)  # (B, T, d)
+        if cfg.sub_pos != "no":
+            # the head is tied to wte: take out the next position, leave the next token
+            decoder_out = decoder_out - tr.wpe(next_pos)
+            if cfg.sub_pos == "yes_ln":
+                decoder_out = tr.ln_sub(decoder_out)
+
+        if targets is None:
+            return self.lm_head(decoder_out[:, [-1], :]), None, {}
+        logits = self.lm_head(decoder_out)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        aux = {}
+        if self.training and cfg.embedding_loss_type != "none":
+            aux["embedding_loss"] = self.embedding_loss(E, encoder_out)
+            loss = loss + cfg.embedding_loss_coeff * aux["embedding_loss"]
+        return logits, loss, aux
+
+    def embedding_loss(self, E, encoder_out):
+        """Disaffinity between the running mean of E and encoder_out, both (B, T, d)."""
+        cfg = self.config
+        if cfg.detach == "embedding":
+            E = E.detach()
+        elif cfg.detach == "encoder_out":
+            encoder_out = encoder_out.detach()  # train only the embeddings (and LNs)
+        if cfg.ln_encoder_out:
+            encoder_out = self.transformer.ln_b(encoder_out)
+        if cfg.embedding_ln == "init":
+            E = self.transformer.ln_a(E)
+        T = E.size(1)
+        counts = torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
+        E_avg = torch.cumsum(E, dim=1) / counts  # (B, T, d), mean of E_0..E_i
+        if cfg.embedding_ln == "avg":
+            E_avg = self.transformer.ln_a(E_avg)
+        return disaffinity(E_avg, encoder_out, cfg.embedding_loss_type)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # matrices decay; biases and LayerNorm gains do not
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    def flops_per_token(self):
+        """Training FLOPs (forward + backward) per token at T = block_size."""
+        cfg = self.config
+        # 6 per weight per token (both stacks, the bridge and the cross-attention
+        # projections are all weights), plus q k^T and p v of the three attentions per
+        # layer pair: encoder self, decoder self and cross
+        return 6 * self.get_num_params() + 3 * cfg.n_layer * 12 * cfg.n_embd * cfg.block_size
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / flops_promised
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
