@@ -170,7 +170,7 @@ class GPT(nn.Module):
             # inference: only the last position's logits are needed
             return self.lm_head(x[:, [-1], :]), None, {}
         logits = self.lm_head(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss, {}
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

@@ -315,7 +315,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(decoder_out[:, [-1], :]), None, {}
         logits = self.lm_head(decoder_out)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         aux = {}
         if self.training and cfg.embedding_loss_type != "none":
             aux["embedding_loss"] = self.embedding_loss(E, encoder_out)

@@ -343,7 +343,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None, {}
         logits = self.lm_head(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         aux = {}
         if with_target:
             aux["future_attn_loss"] = torch.stack(layer_losses).mean()  # mean over layers

@@ -1,0 +1,639 @@
+"""
+Tests of the three models: parameter counts, causality, loop references, gradients.
+
+The references below are written as explicit loops over query positions, independently
+of the vectorized code they check. Run: python -m pytest -q test_models.py
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import model_baseline as base
+import model_encdec as ed
+import model_future_attn as fa
+
+VOCAB = 61
+C = 12  # block_size of the tiny models
+TINY = dict(vocab_size=VOCAB, block_size=C, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+def tiny(module, **overrides):
+    torch.manual_seed(0)
+    return module.GPT(module.GPTConfig(**{**TINY, **overrides}))
+
+
+# every model and every option that changes the forward pass (or the training loss)
+MODELS = {
+    "baseline": (base, {}),
+    "baseline_bias": (base, dict(bias=True)),
+    "fa_full": (fa, {}),
+    "fa_fd1": (fa, dict(future_dim=1)),
+    "fa_fd3_cosine": (fa, dict(future_dim=3, future_attn_loss_type="cosine")),
+    "fa_layer2_only": (fa, dict(n_layer=3, start_layer=2, end_layer=2, future_dim=4)),
+    "fa_bias": (fa, dict(bias=True, future_dim=5)),
+    "fa_not_detached": (fa, dict(future_dim=3, detach_future_ground_truth=False)),
+    "ed_default": (ed, {}),
+    "ed_sub_no": (ed, dict(sub_pos="no")),
+    "ed_sub_yes_ln": (ed, dict(sub_pos="yes_ln")),
+    "ed_alt": (ed, dict(order="alt")),
+    "ed_add_pos": (ed, dict(add_pos_to_decoder=True, sub_pos="no")),
+    "ed_ln_bridge_bias": (ed, dict(ln_before_bridge=True, bias=True, cross_n_head=2)),
+    "ed_loss_none": (ed, dict(embedding_loss_type="none", ln_encoder_out=False)),
+    "ed_cosine_detach_emb": (ed, dict(embedding_loss_type="cosine", detach="embedding")),
+    "ed_logcos_avg": (ed, dict(embedding_loss_type="log_cosine", embedding_ln="avg", detach="none")),
+    "ed_mse_no_ln": (ed, dict(embedding_ln="none", ln_encoder_out=False)),
+}
+
+
+def full_logits(model, idx):
+    """Logits at every position, in the model's current mode."""
+    T = idx.size(1)
+    if model.training and isinstance(model, fa.GPT) and T != C:
+        # training with targets needs T == C here; the head is position-wise, so apply
+        # it to the final hidden states that a targets-free forward computes
+        captured = {}
+        hook = model.transformer.ln_f.register_forward_hook(lambda m, i, o: captured.update(h=o))
+        model(idx)
+        hook.remove()
+        return model.lm_head(captured["h"])
+    logits, _, _ = model(idx, targets=idx)
+    return logits
+
+
+# --------------------------------------------------------------------------------------
+# parameter counts: the seed configurations of SPEC.md, built from GPTConfig directly
+
+SEED_SHAPE = dict(vocab_size=50257, block_size=200, bias=False, dropout=0.0)
+ENCDEC_SHAPE = dict(SEED_SHAPE, n_embd=150, n_head=5, n_layer=13, cross_n_head=10)
+ENCDEC_NO_LOSS = dict(embedding_loss_type="none", ln_encoder_out=False, embedding_ln="init")
+SEED_COUNTS = [
+    ("baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26), 16_036_800),
+    ("smaller_baseline", base, dict(SEED_SHAPE, n_embd=156, n_head=12, n_layer=26), 15_441_192),
+    ("dropout02_baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, dropout=0.2), 16_036_800),
+    ("future50_cosine", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
+                                 future_attn_loss_type="cosine"), 15_817_248),
+    ("future50_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50), 15_817_248),
+    ("future100_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=100), 15_817_248),
+    ("encdec_cosine", ed, dict(ENCDEC_SHAPE, embedding_loss_type="cosine", sub_pos="no"), 15_763_500),
+    ("encdec_mse", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", sub_pos="no"), 15_763_500),
+    ("encdec_plain", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="no"), 15_763_200),
+    ("encdec_possub", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="yes"), 15_763_200),
+    ("encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", embedding_loss_coeff=8.0,
+                                   sub_pos="yes"), 15_763_500),
+]
+
+
+@pytest.mark.parametrize("name,module,kwargs,expected", SEED_COUNTS, ids=[s[0] for s in SEED_COUNTS])
+def test_seed_parameter_counts(name, module, kwargs, expected):
+    model = module.GPT(module.GPTConfig(**kwargs))
+    assert model.get_num_params() == expected
+
+
+def test_parameter_count_convention():
+    # tied weights once, position table out: count by hand for the tiny baseline
+    d, L, V = 32, 2, VOCAB
+    per_block = 2 * d + (3 * d * d + d * d) + 8 * d * d
+    assert tiny(base).get_num_params() == V * d + L * per_block + d
+
+
+# --------------------------------------------------------------------------------------
+# causality: logits at i never depend on tokens after i
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("T", [C, C - 5])
+def test_changing_later_tokens_leaves_earlier_logits(name, training, T):
+    module, kwargs = MODELS[name]
+    model = tiny(module, **kwargs).train(training)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, T), generator=g)
+    with torch.no_grad():
+        reference = full_logits(model, idx)
+        for i in range(T - 1):
+            changed = idx.clone()
+            changed[:, i + 1:] = torch.randint(0, VOCAB, (2, T - i - 1), generator=g)
+            logits = full_logits(model, changed)
+            torch.testing.assert_close(logits[:, :i + 1], reference[:, :i + 1], atol=1e-6, rtol=0)
+            # the test can see a leak: the later positions did change
+            assert not torch.allclose(logits[:, i + 1:], reference[:, i + 1:])
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("T", [C, C - 5])
+def test_logit_gradient_is_zero_for_later_embeddings(name, training, T):
+    module, kwargs = MODELS[name]
+    model = tiny(module, **kwargs).train(training)
+    captured = {}
+
+    def keep_embedding(module_, inputs, output):
+        output.retain_grad()
+        captured["emb"] = output
+
+    hook = model.transformer.wte.register_forward_hook(keep_embedding)
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(2))
+    for i in range(T):
+        model.zero_grad(set_to_none=True)
+        logits = full_logits(model, idx)
+        direction = torch.randn(logits[:, i].shape, generator=torch.Generator().manual_seed(i))
+        (logits[:, i] * direction).sum().backward()
+        grad = captured["emb"].grad  # (B, T, d): d logits_i / d embedding_j
+        assert torch.all(grad[:, i + 1:] == 0), f"position {i} depends on a later token"
+        assert torch.all(grad[:, i].abs().sum(-1) > 0)  # and it does depend on its own
+    hook.remove()
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_prefix_gives_the_same_logits(name, training):
+    module, kwargs = MODELS[name]
+    model = tiny(module, **kwargs).train(training)
+    idx = torch.randint(0, VOCAB, (3, C), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = full_logits(model, idx)
+        for t in (1, 4, C - 1):
+            torch.testing.assert_close(full_logits(model, idx[:, :t]), full[:, :t], atol=1e-6, rtol=0)
+            last, _, _ = model(idx[:, :t])  # the inference path: last position only
+            torch.testing.assert_close(last[:, 0], full[:, t - 1], atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------
+# future attention against loops over query positions
+
+
+def future_attention_loops(q, k, v, K_future, V_future, K_bias, V_bias, future_dim):
+    """SPEC.md's definition, one query at a time: (out, out_future, out_future_star)."""
+    B, H, T, hs = q.shape
+    C_ = K_future.size(-1) + 1
+    s = 1.0 / math.sqrt(hs)
+    out = torch.zeros_like(q)
+    out_future = torch.zeros_like(q)
+    star = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                causal_keys = list(range(0, i + 1))
+                future_cols = [m for m in range(C_ - 1) if i + 1 <= m + 1 <= min(i + future_dim, C_ - 1)]
+                scores = [s * (q[b, h, i] @ k[b, h, j]) for j in causal_keys]
+                for m in future_cols:
+                    bias = K_bias[h, 0, m] if K_bias is not None else 0.0
+                    scores.append(s * (q[b, h, i] @ K_future[h, :, m] + bias))
+                p = torch.softmax(torch.stack(scores), dim=0)
+                unmasked = sum(p[n] * v[b, h, j] for n, j in enumerate(causal_keys))
+                fut = torch.zeros(hs, dtype=q.dtype)
+                for n, m in enumerate(future_cols):
+                    fut = fut + p[len(causal_keys) + n] * V_future[h, m]
+                if V_bias is not None:
+                    fut = fut + V_bias[h, 0]
+                out[b, h, i] = unmasked + fut
+                out_future[b, h, i] = fut
+                # the target: real scores over j <= min(i + fd, T-1), keep j > i
+                keys = list(range(0, min(i + future_dim, T - 1) + 1))
+                p_star = torch.softmax(torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys]), dim=0)
+                star[b, h, i] = sum((p_star[n] * v[b, h, j] for n, j in enumerate(keys) if j > i),
+                                    torch.zeros(hs, dtype=q.dtype))
+    return out, out_future, star
+
+
+def mse_loops(a, b):
+    total = 0.0
+    for index in torch.cartesian_prod(*[torch.arange(n) for n in a.shape[:-1]]):
+        total = total + ((a[tuple(index)] - b[tuple(index)]) ** 2).sum()
+    return total / a.numel()
+
+
+def cosine_dissimilarity_loops(a, b):
+    total, count = 0.0, 0
+    for index in torch.cartesian_prod(*[torch.arange(n) for n in a.shape[:-1]]):
+        x, y = a[tuple(index)], b[tuple(index)]
+        norms = x.norm() * y.norm()
+        cos = (x @ y) / norms if norms > 0 else torch.tensor(0.0)
+        total, count = total + (1 - (1 + cos) / 2), count + 1
+    return total / count
+
+
+def future_inputs(T, C_, hs, bias, H=2, B=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, hs, generator=g) for _ in range(3))
+    K_future = torch.randn(H, hs, C_ - 1, generator=g)
+    V_future = torch.randn(H, C_ - 1, hs, generator=g)
+    K_bias = torch.randn(H, 1, C_ - 1, generator=g) if bias else None
+    V_bias = torch.randn(H, 1, hs, generator=g) if bias else None
+    return q, k, v, K_future, V_future, K_bias, V_bias
+
+
+@pytest.mark.parametrize("T,C_,future_dim,hs,bias", [
+    (9, 9, 8, 4, False),  # T = C, future_dim = C-1
+    (9, 9, 3, 3, True),
+    (5, 9, 2, 4, False),  # T < C: queries near T-1 still get future columns up to C-1
+    (5, 9, 1, 5, True),
+    (1, 6, 5, 4, False),
+    (7, 7, 1, 4, False),
+])
+def test_future_attention_matches_loops(T, C_, future_dim, hs, bias):
+    inputs = future_inputs(T, C_, hs, bias)
+    out, out_future, star = fa.future_attention(*inputs, future_dim=future_dim, with_target=True)
+    ref_out, ref_future, ref_star = future_attention_loops(*inputs, future_dim)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_future, ref_future, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(star, ref_star, atol=1e-5, rtol=1e-5)
+    assert fa.future_attention(*inputs, future_dim=future_dim)[2] is None
+
+
+@pytest.mark.parametrize("loss_type,loops", [("mse", mse_loops), ("cosine", cosine_dissimilarity_loops)])
+def test_future_attn_losses_match_loops(loss_type, loops):
+    q, k, v, K_future, V_future, _, _ = future_inputs(6, 6, 4, bias=False)
+    _, out_future, star = fa.future_attention(q, k, v, K_future, V_future, future_dim=3, with_target=True)
+    # the last position has no future: both vectors are zero there (cosine 0 by definition)
+    assert torch.all(out_future[:, :, -1] == 0) and torch.all(star[:, :, -1] == 0)
+    got = fa.future_attn_loss(out_future, star, loss_type)
+    torch.testing.assert_close(got, loops(out_future, star), atol=1e-5, rtol=1e-5)
+
+
+def test_future_attention_layer_loss_matches_loops():
+    # the whole layer: projections, per-head split, loops, loss, mean over the model's layers
+    model = tiny(fa, future_dim=4, bias=True, future_attn_loss_type="cosine").train()
+    layer = model.transformer.h[0].attn
+    x = torch.randn(2, C, 32, generator=torch.Generator().manual_seed(5))
+    y, loss = layer(x, with_target=True)
+    q, k, v = layer.c_attn(x).split(32, dim=2)
+    per_head = [t.view(2, C, 4, 8).transpose(1, 2) for t in (q, k, v)]
+    out, out_future, star = future_attention_loops(
+        *per_head, layer.K_future, layer.V_future, layer.K_future_bias, layer.V_future_bias, 4)
+    torch.testing.assert_close(loss, cosine_dissimilarity_loops(out_future, star), atol=1e-5, rtol=1e-5)
+    expected_y = layer.c_proj(out.transpose(1, 2).reshape(2, C, 32))
+    torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
+
+
+def test_future_attn_loss_enters_the_loss_scaled_and_only_in_training():
+    idx = torch.randint(0, VOCAB, (2, C), generator=torch.Generator().manual_seed(6))
+    for use, coeff in ((True, 0.5), (False, 0.5)):
+        model = tiny(fa, future_dim=3, future_attn_loss_coeff=coeff, use_future_attn_loss=use).train()
+        logits, loss, aux = model(idx, targets=idx)
+        ce = F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1))
+        assert aux["future_attn_loss"] > 0  # logged either way
+        expected = ce + coeff * aux["future_attn_loss"] if use else ce
+        torch.testing.assert_close(loss, expected)
+        model.eval()
+        logits, loss, aux = model(idx, targets=idx)
+        assert aux == {}
+        torch.testing.assert_close(loss, F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1)))
+
+
+def test_future_attn_training_with_targets_needs_full_length():
+    model = tiny(fa).train()
+    idx = torch.randint(0, VOCAB, (1, C - 1))
+    with pytest.raises(ValueError, match="block_size"):
+        model(idx, targets=idx)
+    model(idx)  # without targets there is no target to compute: fine
+
+
+# --------------------------------------------------------------------------------------
+# the encoder-decoder against loops
+
+
+def test_causal_cross_attention_matches_loops():
+    torch.manual_seed(7)
+    config = ed.GPTConfig(**TINY, cross_n_head=8)
+    attn = ed.CausalCrossAttention(config)
+    enc, dec = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    got = attn(enc, dec)
+    k, v = attn.c_kv(enc).split(32, dim=2)
+    q = attn.c_q(dec)
+    H, hs = 8, 4
+    out = torch.zeros(2, 7, 32)
+    for b in range(2):
+        for i in range(7):
+            for h in range(H):
+                cols = slice(h * hs, (h + 1) * hs)
+                scores = torch.stack([q[b, i, cols] @ k[b, j, cols] / math.sqrt(hs) for j in range(i + 1)])
+                p = torch.softmax(scores, dim=0)
+                out[b, i, cols] = sum(p[j] * v[b, j, cols] for j in range(i + 1))
+    torch.testing.assert_close(got, attn.c_proj(out), atol=1e-5, rtol=1e-5)
+
+
+def embedding_loss_loops(model, E, encoder_out):
+    cfg = model.config
+    tr = model.transformer
+    enc = tr.ln_b(encoder_out) if cfg.ln_encoder_out else encoder_out
+    E_ln = tr.ln_a(E) if cfg.embedding_ln == "init" else E
+    B, T, d = E.shape
+    E_avg = torch.zeros(B, T, d)
+    for b in range(B):
+        for i in range(T):
+            E_avg[b, i] = sum(E_ln[b, k] for k in range(i + 1)) / (i + 1)
+            if cfg.embedding_ln == "avg":
+                E_avg[b, i] = tr.ln_a(E_avg[b, i])
+    total = 0.0
+    for b in range(B):
+        for i in range(T):
+            x, y = E_avg[b, i], enc[b, i]
+            if cfg.embedding_loss_type == "mse":
+                total = total + ((x - y) ** 2).sum() / d
+            else:
+                cos = (x @ y) / (x.norm() * y.norm())
+                total = total + (1 - (1 + cos) / 2 if cfg.embedding_loss_type == "cosine"
+                                 else -torch.log((1 + cos) / 2))
+    return total / (B * T)
+
+
+@pytest.mark.parametrize("loss_type", ["mse", "cosine", "log_cosine"])
+@pytest.mark.parametrize("embedding_ln", ["init", "avg", "none"])
+@pytest.mark.parametrize("ln_encoder_out", [True, False])
+@pytest.mark.parametrize("detach", ["encoder_out", "embedding", "none"])
+def test_embedding_loss_matches_loops(loss_type, embedding_ln, ln_encoder_out, detach):
+    model = tiny(ed, embedding_loss_type=loss_type, embedding_ln=embedding_ln,
+                 ln_encoder_out=ln_encoder_out, detach=detach)
+    with torch.no_grad():  # non-trivial LayerNorm gains and biases
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(8)
+    E, encoder_out = torch.randn(2, 6, 32, generator=g), torch.randn(2, 6, 32, generator=g)
+    got = model.embedding_loss(E, encoder_out)
+    torch.testing.assert_close(got, embedding_loss_loops(model, E, encoder_out), atol=1e-5, rtol=1e-5)
+
+
+def test_embedding_loss_enters_the_loss_scaled_and_only_in_training():
+    idx = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(9))
+    model = tiny(ed, embedding_loss_coeff=8.0).train()
+    logits, loss, aux = model(idx, targets=idx)
+    ce = F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1))
+    torch.testing.assert_close(loss, ce + 8.0 * aux["embedding_loss"])
+    model.eval()
+    assert model(idx, targets=idx)[2] == {}
+    assert tiny(ed, embedding_loss_type="none").train()(idx, targets=idx)[2] == {}
+
+
+def test_decoder_output_subtracts_the_next_positions():
+    idx = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(10))
+    with_sub, without = tiny(ed, sub_pos="yes").eval(), tiny(ed, sub_pos="yes").eval()
+    without.config.sub_pos = "no"  # same weights, no subtraction
+    captured = {}
+    hook = without.transformer.ln_f.register_forward_hook(lambda m, i, o: captured.update(h=o))
+    without(idx, targets=idx)
+    hook.remove()
+    expected = without.lm_head(captured["h"] - without.transformer.wpe.weight[1:8])
+    torch.testing.assert_close(with_sub(idx, targets=idx)[0], expected, atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------
+# the three files' shared blocks compute the same thing
+
+
+def test_shared_blocks_agree_across_files():
+    baseline = tiny(base)
+    x = torch.randn(2, C, 32, generator=torch.Generator().manual_seed(11))
+    expected = baseline.transformer.h[0](x)
+    block_state = baseline.transformer.h[0].state_dict()
+
+    future_model = tiny(fa, n_layer=3, start_layer=2, end_layer=3)  # block 0 is plain
+    future_model.transformer.h[0].load_state_dict(block_state)
+    got, loss = future_model.transformer.h[0](x, with_target=True)
+    assert loss is None
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+    encdec = tiny(ed)
+    encdec.transformer.encoder[0].load_state_dict(block_state)
+    torch.testing.assert_close(encdec.transformer.encoder[0](x), expected, atol=0, rtol=0)
+
+    # and the decoder's self-attention and MLP are the baseline's modules too
+    encdec.transformer.decoder[0].attn.load_state_dict(baseline.transformer.h[0].attn.state_dict())
+    torch.testing.assert_close(encdec.transformer.decoder[0].attn(x), baseline.transformer.h[0].attn(x))
+
+
+def test_embeddings_and_head_agree_across_files():
+    # a one-block baseline and a future model whose future layer cannot matter are equal
+    baseline = tiny(base, n_layer=2)
+    future_model = tiny(fa, n_layer=2, start_layer=2, end_layer=2)
+    state = {k: v for k, v in baseline.state_dict().items() if not k.startswith("transformer.h.1")}
+    future_model.load_state_dict(state, strict=False)
+    for model in (baseline, future_model):  # silence block 1's residual branches
+        with torch.no_grad():
+            model.transformer.h[1].attn.c_proj.weight.zero_()
+            model.transformer.h[1].mlp.c_proj.weight.zero_()
+    idx = torch.randint(0, VOCAB, (2, C))
+    torch.testing.assert_close(future_model(idx, idx)[0], baseline(idx, idx)[0], atol=0, rtol=0)
+
+
+# --------------------------------------------------------------------------------------
+# behaviour: learning, generation, modes
+
+
+@pytest.mark.parametrize("module,kwargs", [(base, {}), (fa, dict(future_dim=4)), (ed, {})],
+                         ids=["baseline", "future_attn", "encdec"])
+def test_overfits_one_batch(module, kwargs):
+    model = tiny(module, **kwargs).train()
+    idx = torch.randint(0, VOCAB, (4, C + 1), generator=torch.Generator().manual_seed(12))
+    x, y = idx[:, :-1], idx[:, 1:]
+    optimizer = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
+    first = None
+    for _ in range(80):
+        _, loss, _ = model(x, targets=y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        first = loss.item() if first is None else first
+    model.eval()
+    final = model(x, targets=y)[1].item()
+    assert final < 0.2 * first, (first, final)
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+@pytest.mark.parametrize("prompt_len", [3, C + 7])
+def test_generate_crops_to_block_size(module, prompt_len):
+    model = tiny(module).eval()
+    prompt = torch.randint(0, VOCAB, (2, prompt_len), generator=torch.Generator().manual_seed(13))
+    out = model.generate(prompt, max_new_tokens=5, top_k=1)  # top_k=1 is greedy
+    assert out.shape == (2, prompt_len + 5)
+    assert torch.equal(out[:, :prompt_len], prompt)
+    for n in range(5):  # each new token is the argmax given the last block_size tokens
+        context = out[:, :prompt_len + n][:, -C:]
+        logits, _, _ = model(context)
+        assert torch.equal(out[:, prompt_len + n], logits[:, -1].argmax(-1))
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+def test_eval_is_deterministic_with_dropout(module):
+    model = tiny(module, dropout=0.5)
+    idx = torch.randint(0, VOCAB, (2, C))
+    model.eval()
+    torch.testing.assert_close(model(idx, idx)[0], model(idx, idx)[0], atol=0, rtol=0)
+    model.train()
+    assert not torch.allclose(model(idx, idx)[0], model(idx, idx)[0])  # dropout is on
+
+
+@pytest.mark.parametrize("module,key", [(base, None), (fa, "future_attn_loss"), (ed, "embedding_loss")],
+                         ids=["baseline", "future_attn", "encdec"])
+def test_aux_loss_only_in_training(module, key):
+    model = tiny(module)
+    idx = torch.randint(0, VOCAB, (2, C))
+    model.train()
+    _, _, aux = model(idx, targets=idx)
+    assert list(aux) == ([key] if key else [])
+    assert all(v.dim() == 0 and torch.isfinite(v) for v in aux.values())
+    assert model(idx)[2] == {}  # no targets, no auxiliary loss
+    model.eval()
+    assert model(idx, targets=idx)[2] == {}
+
+
+def test_no_loss_is_kept_as_module_state():
+    for module in (base, fa, ed):
+        model = tiny(module).train()
+        before = set(vars(model)) | {n for m in model.modules() for n in vars(m)}
+        model(torch.randint(0, VOCAB, (1, C)), targets=torch.randint(0, VOCAB, (1, C)))
+        after = set(vars(model)) | {n for m in model.modules() for n in vars(m)}
+        assert after == before
+
+
+# --------------------------------------------------------------------------------------
+# where the auxiliary gradients go
+
+
+def grads_of(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_future_loss_gradient_reaches_target_kv_only_without_detach(detach):
+    layer = tiny(fa, n_layer=1, future_dim=3, detach_future_ground_truth=detach).train().transformer.h[0].attn
+    x = torch.randn(2, C, 32, generator=torch.Generator().manual_seed(14))
+    _, loss = layer(x, with_target=True)
+    grad = torch.autograd.grad(loss, layer.c_attn.weight)[0]  # rows: q, then k, then v
+
+    # the same loss with out*_future as a constant: only the prediction path trains
+    q, k, v = (t.view(2, C, 4, 8).transpose(1, 2) for t in layer.c_attn(x).split(32, dim=2))
+    future = (layer.K_future, layer.V_future)
+    with torch.no_grad():
+        out_future_star = fa.future_attention(q, k, v, *future, future_dim=3, with_target=True)[2]
+    out_future = fa.future_attention(q, k, v, *future, future_dim=3)[1]
+    grad_prediction = torch.autograd.grad(fa.future_attn_loss(out_future, out_future_star, "mse"),
+                                          layer.c_attn.weight)[0]
+    v_rows = grad[64:]
+    if detach:
+        torch.testing.assert_close(grad, grad_prediction, atol=1e-9, rtol=1e-6)
+        assert torch.all(v_rows == 0)  # v enters only through the target
+        assert grad[:64].abs().sum() > 0  # q, k: through the joint softmax of the prediction
+    else:
+        assert v_rows.abs().sum() > 0
+        assert not torch.allclose(grad, grad_prediction)
+
+
+@pytest.mark.parametrize("detach", ["encoder_out", "embedding", "none"])
+def test_embedding_loss_gradient_routing(detach):
+    model = tiny(ed, detach=detach).train()
+    idx = torch.randint(0, VOCAB, (2, C), generator=torch.Generator().manual_seed(15))
+    grads = grads_of(model, model(idx, targets=idx)[2]["embedding_loss"])
+    encoder = sum(g.abs().sum() for n, g in grads.items() if n.startswith("transformer.encoder."))
+    embeddings = grads["transformer.wte.weight"].abs().sum() + grads["transformer.wpe.weight"].abs().sum()
+    decoder = sum(g.abs().sum() for n, g in grads.items() if n.startswith(("transformer.decoder.", "transformer.bridge")))
+    assert decoder == 0  # the decoder never sees this loss
+    assert grads["transformer.ln_a.weight"].abs().sum() > 0 and grads["transformer.ln_b.weight"].abs().sum() > 0
+    if detach == "encoder_out":
+        assert encoder == 0 and embeddings > 0
+    elif detach == "embedding":
+        # E is detached on the average's side; embeddings still learn through the encoder
+        assert encoder > 0
+    else:
+        assert encoder > 0 and embeddings > 0
+
+
+def test_embedding_detach_stops_the_average_side():
+    # with detach='embedding' and a frozen encoder path, the embeddings get nothing
+    model = tiny(ed, detach="embedding", n_layer=1).train()
+    E = torch.randn(2, 5, 32, requires_grad=True)
+    encoder_out = torch.randn(2, 5, 32)
+    model.embedding_loss(E, encoder_out).backward()
+    assert E.grad is None
+    E.grad = None
+    model.config.detach = "none"
+    model.embedding_loss(E, encoder_out).backward()
+    assert E.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------
+# FLOP counts and the optimizer
+
+
+@pytest.mark.parametrize("module,kwargs", [(base, {}), (fa, dict(future_dim=5)),
+                                           (fa, dict(future_dim=5, detach_future_ground_truth=False)),
+                                           (ed, {})], ids=["baseline", "future_attn", "fa_not_detached", "encdec"])
+def test_flops_per_token_match_torch_flop_counter(module, kwargs):
+    # flops_per_token (used by estimate_mfu) counts this architecture's matmuls
+    model = tiny(module, **kwargs).train()
+    idx = torch.randint(0, VOCAB, (2, C))
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:  # the math backend's matmuls are visible
+        model(idx, targets=idx)[1].backward()
+    measured = counter.get_total_flops() / idx.numel()
+    assert model.flops_per_token() == pytest.approx(measured, rel=0.01)
+    assert model.estimate_mfu(fwdbwd_per_iter=2, dt=1.0, flops_promised=1.0) == pytest.approx(
+        model.flops_per_token() * C * 2)
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+def test_optimizer_decays_matrices_only(module):
+    model = tiny(module, bias=True)
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.dim() >= 2 and not names[id(p)].endswith("bias") for p in decay["params"])
+    assert all(p.dim() == 1 or names[id(p)].endswith("bias") for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+# --------------------------------------------------------------------------------------
+# bad configurations
+
+
+BAD_VALUES = [
+    (base, "n_layer", 0), (base, "n_head", 5), (base, "dropout", 1.0), (base, "block_size", -1),
+    (base, "bias", "yes"),
+    (fa, "future_dim", 0), (fa, "future_dim", C), (fa, "start_layer", 0), (fa, "start_layer", 3),
+    (fa, "end_layer", 3), (fa, "future_attn_loss_type", "l1"), (fa, "future_attn_loss_coeff", -1.0),
+    (fa, "use_future_attn_loss", "true"), (fa, "detach_future_ground_truth", None),
+    (ed, "sub_pos", "YES_NO_LN"), (ed, "order", "reversed"), (ed, "embedding_loss_type", "l2"),
+    (ed, "detach", "decoder"), (ed, "embedding_ln", "both"), (ed, "cross_n_head", 5),
+    (ed, "embedding_loss_coeff", -2.0), (ed, "ln_encoder_out", 1), (ed, "add_pos_to_decoder", "no"),
+    (ed, "ln_before_bridge", None),
+]
+
+
+@pytest.mark.parametrize("module,field,value", BAD_VALUES,
+                         ids=[f"{m.__name__}-{f}-{v!r}" for m, f, v in BAD_VALUES])
+def test_bad_config_value_names_the_field(module, field, value):
+    with pytest.raises(ValueError, match=field):
+        module.GPTConfig(**{**TINY, field: value})
+
+
+def test_config_round_trips_through_asdict():
+    from dataclasses import asdict
+    for module in (base, fa, ed):
+        config = module.GPTConfig(**TINY)
+        assert asdict(module.GPTConfig(**asdict(config))) == asdict(config)
+
+
+@pytest.mark.parametrize("ln_before_bridge,add_pos", [(False, True), (True, False)])
+def test_decoder_input_is_the_bridged_encoder_output(ln_before_bridge, add_pos):
+    model = tiny(ed, ln_before_bridge=ln_before_bridge, add_pos_to_decoder=add_pos).eval()
+    tr = model.transformer
+    captured = {}
+    hooks = [tr.encoder[-1].register_forward_hook(lambda m, i, o: captured.update(enc=o)),
+             tr.decoder[0].register_forward_hook(lambda m, i, o: captured.update(dec_in=i[0]))]
+    model(torch.randint(0, VOCAB, (2, 7)), targets=torch.randint(0, VOCAB, (2, 7)))
+    for hook in hooks:
+        hook.remove()
+    encoder_out = captured["enc"]
+    expected = tr.bridge(tr.ln_bridge(encoder_out) if ln_before_bridge else encoder_out)
+    if add_pos:
+        expected = expected + tr.wpe.weight[1:8]  # the next positions, 1..T
+    torch.testing.assert_close(captured["dec_in"], expected, atol=1e-6, rtol=0)
