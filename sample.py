@@ -1,0 +1,97 @@
+"""
+Samples text from a model that train.py trained (any of the three; ckpt.pt names its type).
+
+    python sample.py --out_dir=out-future50_mse
+    python sample.py --out_dir=out-tiny_cpu --start="The history of" --num_samples=5
+    python sample.py --out_dir=out-encdec_mse_possub --start=FILE:prompt.txt --temperature=0.7
+
+Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
+"""
+
+import os
+import sys
+
+import tiktoken
+import torch
+
+import configurator
+from configurator import ConfigError
+from train import TrainError, autocast_for, load_checkpoint, model_from_checkpoint
+
+DEFAULTS = dict(
+    out_dir="out",  # the training run whose ckpt.pt to sample from
+    start="\n",  # the prompt, or FILE:path to read the prompt from a file
+    num_samples=3,  # samples to draw
+    max_new_tokens=200,  # tokens generated per sample
+    temperature=0.8,  # below 1 sharper, above 1 more random
+    top_k=200,  # sample among the top_k most likely tokens; 0 = among all
+    seed=1337,
+    device="cuda" if torch.cuda.is_available() else "cpu",
+    dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
+    compile=False,  # torch.compile the forward pass (pays off for long samples on a GPU)
+)
+
+
+def read_prompt(start):
+    if not start.startswith("FILE:"):
+        return start
+    path = start[len("FILE:"):]
+    if not os.path.isfile(path):
+        raise ConfigError(f"prompt file {path} not found (--start=FILE:path reads the prompt from path)")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def sample(config):
+    """num_samples texts, each the prompt followed by max_new_tokens sampled tokens."""
+    checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"))
+    model = model_from_checkpoint(checkpoint)
+    del checkpoint
+    device = config["device"]
+    _, autocast = autocast_for(config["dtype"], "cuda" if device.startswith("cuda") else "cpu")
+    model.eval()
+    model.to(device)
+    if config["compile"]:
+        # generate() calls the model itself, so compile its forward; prompts grow, hence dynamic
+        model.forward = torch.compile(model.forward, dynamic=True)
+
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise TrainError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
+                         f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files") from None
+    ids = enc.encode(read_prompt(config["start"]), allowed_special={"<|endoftext|>"})
+    if not ids:
+        raise ConfigError("the prompt is empty: give --start some text")
+    if max(ids) >= model.config.vocab_size:
+        raise ConfigError(f"the prompt has GPT-2 tokens beyond this model's vocab_size ({model.config.vocab_size})")
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
+
+    torch.manual_seed(config["seed"])
+    samples = []
+    with torch.no_grad(), autocast:
+        for _ in range(config["num_samples"]):
+            y = model.generate(x, config["max_new_tokens"], temperature=config["temperature"],
+                               top_k=config["top_k"] or None)
+            samples.append(enc.decode(y[0].tolist()))
+    return samples
+
+
+def main(argv=None):
+    """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
+    try:
+        config = configurator.merge(DEFAULTS, *configurator.parse(sys.argv[1:] if argv is None else argv))
+        for text in sample(config):
+            print(text)
+            print("---------------")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
