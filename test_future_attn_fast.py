@@ -1,0 +1,327 @@
+"""
+The fast future-attention paths against the readable one (model_future_attn.py).
+
+future_attention is the reference: future_attention_fast must give the same out,
+out_future, out_future_star, losses and gradients (float32 tolerance), and a GPT must give
+the same logits, losses and gradients whichever implementation runs; the fast path must
+be causal. future_attention_flex is checked forward only on a CPU (FlexAttention has no
+backward there); on a machine with a CUDA GPU the tests marked `cuda` also check its
+gradients, its compiled bf16 training step and its causality. Run:
+python -m pytest -q test_future_attn_fast.py
+"""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import model_future_attn as mf
+
+TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tensors are tiny: a second thread only waits at every op (long on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# (T, C, future_dim, head size, bias, queries_per_block): T < C and T = C, future_dim 1
+# and C-1, odd head sizes, one block and many (uneven: 130 = 5 blocks of 26)
+CASES = [
+    (12, 12, 1, 4, False, 64),
+    (12, 12, 11, 5, True, 64),
+    (7, 12, 3, 3, True, 64),
+    (1, 12, 4, 4, False, 64),
+    (130, 130, 50, 16, True, 64),
+    (100, 130, 129, 7, False, 64),
+    (40, 40, 9, 6, True, 9),
+]
+
+
+def make_inputs(T, C, hs, bias, seed, B=2, H=3):
+    """q, k, v, K_future, V_future (and the two biases, or None), all requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, T, hs)] * 3 + [(H, hs, C - 1), (H, C - 1, hs)]
+    if bias:
+        shapes += [(H, 1, C - 1), (H, 1, hs)]
+    tensors = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    return tensors + [None] * (7 - len(tensors))
+
+
+def run_attention(fn, inputs, *, future_dim, with_target, detach_target, loss_type, seed, fast_kw={}):
+    """fn's three outputs, its future-attention loss, and the gradients of a random
+    weighting of out plus that loss with respect to every input."""
+    out, out_future, out_future_star = fn(*inputs, future_dim=future_dim, with_target=with_target, **fast_kw)
+    g = torch.Generator().manual_seed(seed)
+    total = (out * torch.randn(out.shape, generator=g).to(out.device)).sum()
+    loss = None
+    if with_target:
+        star = out_future_star.detach() if detach_target else out_future_star
+        loss = mf.future_attn_loss(out_future, star, loss_type)
+        total = total + 100.0 * loss  # the loss is a mean: scale it to matter in the gradients
+    leaves = [x for x in inputs if x is not None]
+    grads = torch.autograd.grad(total, leaves)
+    return (out, out_future, out_future_star), loss, grads
+
+
+@pytest.mark.parametrize("T, C, future_dim, hs, bias, queries_per_block", CASES)
+@pytest.mark.parametrize("with_target, detach_target, loss_type",
+                         [(False, True, "mse"), (True, True, "mse"), (True, False, "mse"), (True, False, "cosine")])
+def test_fast_matches_readable(T, C, future_dim, hs, bias, queries_per_block, with_target, detach_target, loss_type):
+    inputs = make_inputs(T, C, hs, bias, seed=T + future_dim)
+    kw = dict(future_dim=future_dim, with_target=with_target, detach_target=detach_target,
+              loss_type=loss_type, seed=1)
+    ref_outs, ref_loss, ref_grads = run_attention(mf.future_attention, inputs, **kw)
+    outs, loss, grads = run_attention(mf.future_attention_fast, inputs, fast_kw=dict(
+        detach_target=detach_target, queries_per_block=queries_per_block), **kw)
+    for name, a, b in zip(("out", "out_future", "out_future_star"), outs, ref_outs):
+        if b is None:
+            assert a is None, name
+        else:
+            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
+    if with_target:
+        torch.testing.assert_close(loss, ref_loss, **TOL)
+        # a detached target has no graph, as the readable one after .detach()
+        assert outs[2].requires_grad == (not detach_target)
+    names = ["q", "k", "v", "K_future", "V_future", "K_future_bias", "V_future_bias"]
+    for name, a, b in zip(names, grads, ref_grads):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_comparison_is_sensitive():
+    # the comparison above must notice a wrong mask: one future key too many differs
+    inputs = make_inputs(12, 12, 4, bias=False, seed=0)
+    ref = mf.future_attention(*inputs, future_dim=3, with_target=True)
+    fast = mf.future_attention_fast(*inputs, future_dim=4, with_target=True)
+    for a, b in zip(fast, ref):
+        assert not torch.allclose(a, b, **TOL)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("T, C, future_dim, hs, with_v_bias",
+                         [(12, 12, 1, 16, False), (12, 12, 11, 16, True), (7, 12, 3, 16, False),
+                          (130, 130, 50, 16, True), (100, 130, 129, 32, False)])
+def test_flex_forward_matches_readable(T, C, future_dim, hs, with_v_bias):
+    inputs = [x.detach() for x in make_inputs(T, C, hs, bias=True, seed=T)]  # no backward on a CPU
+    q, k, v, K_future, V_future, _, V_future_bias = inputs
+    V_future_bias = V_future_bias if with_v_bias else None
+    with torch.no_grad():
+        ref = mf.future_attention(q, k, v, K_future, V_future, None, V_future_bias,
+                                  future_dim=future_dim, with_target=True)
+        flex = mf.future_attention_flex(q, k, v, K_future, V_future, V_future_bias,
+                                        future_dim=future_dim, with_target=True)
+    for name, a, b in zip(("out", "out_future", "out_future_star"), flex, ref):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_fast_is_causal():
+    # out and out_future at positions <= i must not change when q, k, v after i do
+    q, k, v, K_future, V_future, K_future_bias, V_future_bias = make_inputs(40, 40, 4, bias=True, seed=3)
+    i = 17
+    with torch.no_grad():
+        before = mf.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
+                                          future_dim=9, queries_per_block=8)
+        for x in (q, k, v):
+            x[:, :, i + 1:] += 5.0
+        after = mf.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
+                                         future_dim=9, queries_per_block=8)
+    for a, b in zip(before[:2], after[:2]):
+        torch.testing.assert_close(a[:, :, :i + 1], b[:, :, :i + 1], rtol=0, atol=1e-6)
+        assert not torch.allclose(a[:, :, i + 1:], b[:, :, i + 1:])  # the change did arrive
+
+
+# --------------------------------------------------------------------------------------
+# dispatch
+
+
+def spy(monkeypatch, name):
+    """Counts the calls of model_future_attn.<name>."""
+    calls = []
+    original = getattr(mf, name)
+    monkeypatch.setattr(mf, name, lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    return calls
+
+
+def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
+    fast, readable = spy(monkeypatch, "future_attention_fast"), spy(monkeypatch, "future_attention")
+    q, k, v, K_future, V_future, _, _ = make_inputs(8, 8, 4, bias=False, seed=0)
+    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)
+    assert (len(fast), len(readable)) == (1, 0)
+    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, dropout_p=0.1)
+    assert (len(fast), len(readable)) == (1, 1)
+    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, impl="readable")
+    assert (len(fast), len(readable)) == (1, 2)
+
+
+def test_dispatch_errors():
+    q, k, v, K_future, V_future, K_future_bias, _ = make_inputs(8, 8, 4, bias=True, seed=0)
+    with pytest.raises(ValueError, match="unknown future attention impl"):
+        mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, impl="quick")
+    with pytest.raises(ValueError, match="no attention dropout"):
+        mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, dropout_p=0.1, impl="fast")
+    with pytest.raises(ValueError, match="K_future_bias"):
+        mf.future_attention_auto(q, k, v, K_future, V_future, K_future_bias, future_dim=3, impl="flex")
+
+
+# --------------------------------------------------------------------------------------
+# the whole model
+
+
+def tiny_gpt(**overrides):
+    torch.manual_seed(0)
+    args = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)
+    return mf.GPT(mf.GPTConfig(**dict(args, **overrides)))
+
+
+def forward_backward(model, idx, targets, impl, monkeypatch):
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", impl)
+    model.zero_grad(set_to_none=True)
+    logits, loss, aux = model(idx, targets)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logits, loss, aux, grads
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(bias=True, future_attn_loss_type="cosine"),
+                                       dict(detach_future_ground_truth=False, future_dim=15, start_layer=2)])
+@pytest.mark.parametrize("training", [True, False])
+def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
+    model = tiny_gpt(**overrides).train(training)
+    g = torch.Generator().manual_seed(1)
+    idx, targets = torch.randint(50, (3, 16), generator=g), torch.randint(50, (3, 16), generator=g)
+    ref = forward_backward(model, idx, targets, "readable", monkeypatch)
+    fast_calls = spy(monkeypatch, "future_attention_fast")
+    got = forward_backward(model, idx, targets, "fast", monkeypatch)
+    n_future_layers = model.config.end_layer - model.config.start_layer + 1
+    assert len(fast_calls) == n_future_layers  # the fast path really ran
+    torch.testing.assert_close(got[0], ref[0], **TOL)  # logits
+    torch.testing.assert_close(got[1], ref[1], **TOL)  # loss
+    assert got[2].keys() == ref[2].keys() == ({"future_attn_loss"} if training else set())
+    for key in ref[2]:
+        torch.testing.assert_close(got[2][key], ref[2][key], **TOL)
+    assert got[3].keys() == ref[3].keys()
+    for name in ref[3]:
+        torch.testing.assert_close(got[3][name], ref[3][name], **TOL, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_model_fast_is_causal(training, monkeypatch):
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "fast")
+    model = tiny_gpt().train(training)
+    g = torch.Generator().manual_seed(2)
+    idx, targets = torch.randint(50, (2, 16), generator=g), torch.randint(50, (2, 16), generator=g)
+    changed = idx.clone()
+    i = 6
+    changed[:, i + 1:] = (changed[:, i + 1:] + 1) % 50
+    with torch.no_grad():
+        before, _, _ = model(idx, targets)
+        after, _, _ = model(changed, targets)
+    torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5)
+    assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])
+
+
+# --------------------------------------------------------------------------------------
+# FlexAttention on a GPU (skipped without one; CI has none, run them on a GPU machine)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA_TOL = dict(rtol=1e-3, atol=1e-4)  # Triton's float32 kernels sum in their own order
+
+
+def on_cuda(inputs):
+    return [None if x is None else x.detach().cuda().requires_grad_() for x in inputs]
+
+
+def flex_as_readable(q, k, v, K_future, V_future, K_future_bias, V_future_bias, **kw):
+    assert K_future_bias is None
+    return mf.future_attention_flex(q, k, v, K_future, V_future, V_future_bias, **kw)
+
+
+@cuda
+@pytest.mark.parametrize("T, C, future_dim, hs", [(12, 12, 1, 16), (1, 200, 50, 16), (200, 200, 50, 16),
+                                                  (130, 200, 199, 32), (256, 256, 50, 16), (300, 300, 7, 64)])
+@pytest.mark.parametrize("with_target, detach_target, loss_type",
+                         [(False, True, "mse"), (True, True, "mse"), (True, False, "cosine")])
+def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_target, loss_type):
+    # lengths that are not multiples of 128 included: where masks and score_mod together gave NaN gradients
+    inputs = on_cuda(make_inputs(T, C, hs, bias=True, seed=T + hs))
+    inputs[5] = None  # no K_future_bias on the flex path
+    kw = dict(future_dim=future_dim, with_target=with_target, detach_target=detach_target,
+              loss_type=loss_type, seed=1)
+    ref_outs, ref_loss, ref_grads = run_attention(mf.future_attention, inputs, **kw)
+    outs, loss, grads = run_attention(flex_as_readable, inputs, fast_kw=dict(detach_target=detach_target), **kw)
+    for name, a, b in zip(("out", "out_future", "out_future_star"), outs, ref_outs):
+        if b is not None:
+            torch.testing.assert_close(a, b, **CUDA_TOL, msg=lambda m: f"{name}: {m}")
+    if with_target:
+        torch.testing.assert_close(loss, ref_loss, **CUDA_TOL)
+    for name, a, b in zip(["q", "k", "v", "K_future", "V_future", "V_future_bias"], grads, ref_grads):
+        assert torch.isfinite(a).all(), f"grad {name} is not finite"
+        torch.testing.assert_close(a, b, **CUDA_TOL, msg=lambda m: f"grad {name}: {m}")
+
+
+@cuda
+def test_auto_picks_flex_on_cuda(monkeypatch):
+    flex, fast = spy(monkeypatch, "future_attention_flex"), spy(monkeypatch, "future_attention_fast")
+    q, k, v, K_future, V_future, K_future_bias, _ = on_cuda(make_inputs(8, 8, 16, bias=True, seed=0))
+    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)
+    assert (len(flex), len(fast)) == (1, 0)
+    mf.future_attention_auto(q, k, v, K_future, V_future, K_future_bias, future_dim=3)  # bias: fast
+    assert (len(flex), len(fast)) == (1, 1)
+    q, k, v, K_future, V_future, _, _ = on_cuda(make_inputs(6, 8, 16, bias=False, seed=0))
+    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)  # T < C: fast
+    assert (len(flex), len(fast)) == (1, 2)
+
+
+def compiled_step(model, idx, targets):
+    """Loss, aux and gradients of one compiled bf16 training step."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss, aux = torch.compile(model)(idx, targets)
+    loss.backward()
+    return loss, aux, {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@cuda
+def test_compiled_bf16_flex_model_matches_readable(monkeypatch):
+    torch._dynamo.reset()
+    model = mf.GPT(mf.GPTConfig(vocab_size=512, block_size=200, n_layer=3, n_head=4, n_embd=64,
+                                future_dim=50)).cuda()
+    g = torch.Generator().manual_seed(0)
+    idx, targets = (torch.randint(512, (4, 200), generator=g).cuda() for _ in range(2))
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "readable")
+    model.zero_grad(set_to_none=True)
+    _, ref_loss, ref_aux = model(idx, targets)  # float32, eager: the reference
+    ref_loss.backward()
+    ref_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "flex")
+    flex_calls = spy(monkeypatch, "future_attention_flex")
+    loss, aux, grads = compiled_step(model, idx, targets)
+    assert flex_calls  # traced through the flex path
+    torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=0)
+    torch.testing.assert_close(aux["future_attn_loss"].float(), ref_aux["future_attn_loss"], rtol=5e-2, atol=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:  # bf16: compare directions, not digits
+        cos = F.cosine_similarity(grads[name].flatten(), ref_grads[name].flatten(), dim=0)
+        assert cos > 0.99, f"grad {name}: cosine {cos:.4f}"
+
+
+@cuda
+@pytest.mark.parametrize("training", [True, False])
+def test_compiled_flex_model_is_causal(training, monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "flex")
+    model = mf.GPT(mf.GPTConfig(vocab_size=512, block_size=200, n_layer=2, n_head=4, n_embd=64,
+                                future_dim=50)).cuda().train(training)
+    compiled = torch.compile(model)
+    g = torch.Generator().manual_seed(3)
+    idx, targets = (torch.randint(512, (2, 200), generator=g).cuda() for _ in range(2))
+    for i in (0, 127, 128, 150, 198):  # both sides of the 128-wide kernel blocks
+        changed = idx.clone()
+        changed[:, i + 1:] = (changed[:, i + 1:] + 1) % 512
+        with torch.no_grad():
+            before, _, _ = compiled(idx, targets)
+            after, _, _ = compiled(changed, targets)
+        torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5)
+        assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])
