@@ -21,7 +21,11 @@ import tiktoken
 
 import prepare_wikipedia as pw
 
-ENC = tiktoken.get_encoding("gpt2")  # no skip: a tokenizer that cannot load is a failure
+try:
+    ENC = tiktoken.get_encoding("gpt2")
+except Exception as e:  # no skip: a tokenizer that cannot load is a failure, with the fix named
+    raise RuntimeError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, run the tests with "
+                       "TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache (a filled cache)") from None
 
 
 def article(i):
