@@ -301,3 +301,12 @@ def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
     message = exit_message(["--url", f"http://127.0.0.1:{port}/wt.zip", "--out_dir", str(tmp_path / "b"),
                             "--retries", "2"])
     assert "gave up after 2 attempts" in message and "HINT" in message
+
+
+def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
+    urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
+    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=1)
+    assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
+    assert open(path, "rb").read() == data
