@@ -212,14 +212,19 @@ def test_model_fast_is_causal(training, monkeypatch):
     model = tiny_gpt().train(training)
     g = torch.Generator().manual_seed(2)
     idx, targets = torch.randint(50, (2, 16), generator=g), torch.randint(50, (2, 16), generator=g)
-    changed = idx.clone()
-    i = 6
-    changed[:, i + 1:] = (changed[:, i + 1:] + 1) % 50
-    with torch.no_grad():
-        before, _, _ = model(idx, targets)
-        after, _, _ = model(changed, targets)
-    torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5)
-    assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])
+    assert_causal(model, idx, targets, positions=(0, 6, 14), vocab_size=50)
+
+
+def assert_causal(model, idx, targets, positions, vocab_size):
+    """Changing every token after i leaves the logits at positions <= i as they were."""
+    for i in positions:
+        changed = idx.clone()
+        changed[:, i + 1:] = (changed[:, i + 1:] + 1) % vocab_size
+        with torch.no_grad():
+            before, _, _ = model(idx, targets)
+            after, _, _ = model(changed, targets)
+        torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5, msg=f"position {i}")
+        assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])  # the change did arrive
 
 
 # --------------------------------------------------------------------------------------
@@ -314,14 +319,7 @@ def test_compiled_flex_model_is_causal(training, monkeypatch):
     monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "flex")
     model = mf.GPT(mf.GPTConfig(vocab_size=512, block_size=200, n_layer=2, n_head=4, n_embd=64,
                                 future_dim=50)).cuda().train(training)
-    compiled = torch.compile(model)
     g = torch.Generator().manual_seed(3)
     idx, targets = (torch.randint(512, (2, 200), generator=g).cuda() for _ in range(2))
-    for i in (0, 127, 128, 150, 198):  # both sides of the 128-wide kernel blocks
-        changed = idx.clone()
-        changed[:, i + 1:] = (changed[:, i + 1:] + 1) % 512
-        with torch.no_grad():
-            before, _, _ = compiled(idx, targets)
-            after, _, _ = compiled(changed, targets)
-        torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5)
-        assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])
+    # both sides of the 128-wide kernel blocks
+    assert_causal(torch.compile(model), idx, targets, positions=(0, 127, 128, 150, 198), vocab_size=512)
