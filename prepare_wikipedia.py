@@ -227,10 +227,13 @@ def text_lines(f, name):
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             bad = e.start if bad < 0 else min(bad, e.start)
+        if bad >= 0 and raw[bad] == 0:
+            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
+                               "HINT: give text files only; if it is text, convert it to UTF-8 first")
         if bad >= 0:
-            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is "
-                               f"{'a NUL' if raw[bad] == 0 else 'not UTF-8'}; HINT: convert it to UTF-8 "
-                               "first (e.g. `iconv -t UTF-8`), or leave it out")
+            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is not UTF-8; "
+                               "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
+                               "for Latin-1 text, or leave it out")
         if "\r" in line:
             yield from io.StringIO(line, newline=None)  # splits at a lone \r and turns \r\n into \n
         else:
