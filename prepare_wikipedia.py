@@ -157,14 +157,14 @@ def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
             problem, may_pass = str(e), False
         except requests.RequestException as e:
             problem, may_pass = request_problem(e, host)
+        wait = RETRY_WAIT_S * 2 ** (attempt - 1)
+        next_step = ("a retry cannot help" if not may_pass else "giving up" if attempt == retries
+                     else f"retrying in {wait:g} s")
+        print(f"{host}: attempt {attempt}/{retries} failed: {problem}; {next_step}", file=sys.stderr)
         if not may_pass:
-            print(f"{host}: attempt {attempt}/{retries} failed: {problem}; a retry cannot help", file=sys.stderr)
             raise PrepareError(problem)
         if attempt == retries:
-            print(f"{host}: attempt {attempt}/{retries} failed: {problem}; giving up", file=sys.stderr)
             raise PrepareError(f"gave up after {retries} attempts: {problem}")
-        wait = RETRY_WAIT_S * 2 ** (attempt - 1)
-        print(f"{host}: attempt {attempt}/{retries} failed: {problem}; retrying in {wait:g} s", file=sys.stderr)
         time.sleep(wait)
     raise PrepareError(f"no download attempt made (--retries {retries})")
 
