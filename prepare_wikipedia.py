@@ -483,6 +483,10 @@ def check_settings(args):
     writeup = args.split == "writeup"
     if args.val and not args.input:
         raise PrepareError("--val needs --input: it names the val files among local text")
+    both = {os.path.realpath(p) for p in args.input or []} & {os.path.realpath(p) for p in args.val or []}
+    if both:
+        raise PrepareError(f"{sorted(both)[0]} is given to both --input and --val; HINT: name each file once, "
+                           "the training text with --input, the val text with --val")
     if writeup:
         for flag, value in [("--val", args.val), ("--max_chars", args.max_chars),
                             ("--val_fraction", args.val_fraction)]:

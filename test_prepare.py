@@ -322,6 +322,8 @@ def test_settings_that_contradict(tmp_path, flags, problem):
     message = exit_message(["--input", path, "--out_dir", str(tmp_path / "out"), *flags])
     assert message.startswith("error: ") and problem in message and "\n" not in message
     assert "--val needs --input" in exit_message(["--val", path, "--out_dir", str(tmp_path / "out")])
+    message = exit_message(["--input", path, "--val", str(tmp_path / "." / "part0.txt"), "--out_dir", str(tmp_path)])
+    assert "given to both --input and --val" in message  # a document in both splits would flatter val
 
 
 def test_help(capsys):
