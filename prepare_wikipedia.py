@@ -40,6 +40,7 @@ removed by the next run.
 import argparse
 import contextlib
 import datetime
+import fcntl
 import functools
 import hashlib
 import io
@@ -397,6 +398,19 @@ def write_splits(train_docs, val_docs, temps, imap, detokenize_first, train_toke
     return {"train": train, "val": val}
 
 
+def lock_out_dir(out_dir):
+    """Hold out_dir/prepare.lock while this run writes there (closing the file releases it), so a
+    second run cannot overwrite or clean up its files; the lock ends with its process, however it ends."""
+    lock = open(os.path.join(out_dir, "prepare.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                           "or pass another --out_dir") from None
+    return lock
+
+
 def remove_stale_temps(out_dir):
     """Delete the temporary files of a run that was killed before it could clean up after itself."""
     for name in OUTPUTS:
@@ -511,6 +525,43 @@ def check_settings(args):
         args.detokenize = writeup
 
 
+def run(args):
+    """Find the text that args name (downloading it if need be), then prepare it into args.out_dir."""
+    remove_stale_temps(args.out_dir)
+    try:
+        tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
+    except Exception as e:
+        raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads it once; offline, "
+                           "point TIKTOKEN_CACHE_DIR at a filled cache, e.g. ../shared/tiktoken_cache")
+    t0 = time.time()
+    if args.input:
+        check_files(args.input + (args.val or []))
+        source = {"input": args.input, "val": args.val} if args.val else args.input
+        if args.split == "writeup":
+            train_docs, val_docs = file_documents(args.input), None
+        else:
+            train_docs, val_docs = input_splits(args.input, args.val, args.val_fraction)
+    else:
+        if args.zip:
+            if not os.path.isfile(args.zip):
+                raise PrepareError(f"zip not found: {args.zip}; HINT: check the path, or drop --zip")
+            check_zip(args.zip, delete_if_bad=False)
+            zip_path = source = args.zip
+        else:
+            urls = [args.url] if args.url else WIKITEXT_URLS
+            name = os.path.basename(urlparse(urls[0]).path) or "download.zip"
+            expected_size = None if args.url else WIKITEXT_SIZE
+            zip_path = fetch_zip(urls, os.path.join(args.out_dir, name), expected_size, args.retries)
+            source = {"zip": zip_path, "urls": urls}
+            t0 = time.time()  # the summary's speed is that of the text work, not of the download
+        train_docs = zip_documents(zip_path, "wiki.train.raw")
+        val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
+    settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
+                "val_tokens": args.val_tokens, "max_chars": args.max_chars, "source": source}
+    return prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=["wikitext", "writeup"], default="wikitext",
@@ -540,38 +591,8 @@ def main(argv=None):
                 pass
         except OSError as e:
             raise PrepareError(f"cannot write to {args.out_dir} ({e}); HINT: pass --out_dir DIR somewhere writable")
-        remove_stale_temps(args.out_dir)
-        try:
-            tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
-        except Exception as e:
-            raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads it once; offline, "
-                               "point TIKTOKEN_CACHE_DIR at a filled cache, e.g. ../shared/tiktoken_cache")
-        t0 = time.time()
-        if args.input:
-            check_files(args.input + (args.val or []))
-            source = {"input": args.input, "val": args.val} if args.val else args.input
-            if args.split == "writeup":
-                train_docs, val_docs = file_documents(args.input), None
-            else:
-                train_docs, val_docs = input_splits(args.input, args.val, args.val_fraction)
-        else:
-            if args.zip:
-                if not os.path.isfile(args.zip):
-                    raise PrepareError(f"zip not found: {args.zip}; HINT: check the path, or drop --zip")
-                check_zip(args.zip, delete_if_bad=False)
-                zip_path = source = args.zip
-            else:
-                urls = [args.url] if args.url else WIKITEXT_URLS
-                name = os.path.basename(urlparse(urls[0]).path) or "download.zip"
-                expected_size = None if args.url else WIKITEXT_SIZE
-                zip_path = fetch_zip(urls, os.path.join(args.out_dir, name), expected_size, args.retries)
-                source = {"zip": zip_path, "urls": urls}
-                t0 = time.time()  # the summary's speed is that of the text work, not of the download
-            train_docs = zip_documents(zip_path, "wiki.train.raw")
-            val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
-        settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
-                    "val_tokens": args.val_tokens, "max_chars": args.max_chars, "source": source}
-        return prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+        with lock_out_dir(args.out_dir):
+            return run(args)
     except PrepareError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:

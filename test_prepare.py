@@ -25,6 +25,8 @@ import tiktoken
 
 import prepare_wikipedia as pw
 
+REPO = os.path.dirname(os.path.abspath(__file__))
+
 try:
     ENC = tiktoken.get_encoding("gpt2")
 except Exception as e:  # no skip: a tokenizer that cannot load is a failure, with the fix named
@@ -51,6 +53,11 @@ def read_docs(path):
             docs.append(ENC.decode(tokens[start:i]))
             start = i + 1
     return docs
+
+
+def outputs(out_dir):
+    """The files a run left in out_dir, but for the lock it holds while it runs."""
+    return sorted(name for name in os.listdir(out_dir) if name != "prepare.lock")
 
 
 def exit_message(argv):
@@ -92,7 +99,7 @@ def test_input_round_trip(tmp_path, val_fraction, n_val):
     assert meta["split"] == "wikitext" and meta["detokenize"] is False  # WikiText's text as it is, by default
     assert meta["passes_in_1.44B_tokens"] == round(1_440_000_000 / meta["train"]["tokens"], 2)
     assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2" and meta["source"] == paths
-    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
 
 
 def test_parallel_matches_serial(tmp_path, monkeypatch):
@@ -298,7 +305,7 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
     message = exit_message(["--split=writeup", "--input", *paths, "--out_dir", str(tmp_path / "none"),
                             "--num_proc", "1", "--train_tokens", "100000"])
     assert f"train took {sum(counts):,} tokens (100,000 asked)" in message and "--train_tokens" in message
-    assert os.listdir(tmp_path / "none") == []
+    assert outputs(tmp_path / "none") == []
 
 
 def test_writeup_defaults_are_the_write_ups_counts():
@@ -350,7 +357,7 @@ def test_input_that_is_not_utf8_text_is_refused(tmp_path, bad_bytes, what, num_p
         message = exit_message(["--input", good, str(bad), "--out_dir", str(out), "--num_proc", num_proc, *flags])
         assert f"{bad} is not UTF-8 text: byte {offset:,}" in message and what in message
         assert "convert it to UTF-8" in message and "\n" not in message
-        assert os.listdir(out) == []
+        assert outputs(out) == []
 
 
 def test_bad_byte_offset_counts_earlier_lines(tmp_path):
@@ -390,9 +397,36 @@ def test_stale_temporary_files_are_removed(tmp_path, capsys):
     for name in stale + kept:
         (out / name).write_bytes(b"left over")
     exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(out)])  # even a run that fails early
-    assert sorted(os.listdir(out)) == sorted(kept)
+    assert outputs(out) == sorted(kept)
     printed = capsys.readouterr().out
     assert all(f"removed {out / name}, left by an interrupted run" in printed for name in stale)
+
+
+LOCK_HOLDER = """
+import sys, time
+import prepare_wikipedia as pw
+lock = pw.lock_out_dir(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_on_a_busy_out_dir_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.bin.tmp").write_bytes(b"being written by the first run")
+    (path,) = write_files(tmp_path, [ARTICLES])
+    argv = ["--input", str(path), "--out_dir", str(out), "--num_proc", "1"]
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert "is in use by another prepare_wikipedia.py" in exit_message(argv)
+        assert (out / "train.bin.tmp").read_bytes() == b"being written by the first run"  # not cleaned away
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs, the lock ends with the process all the same
+        holder.wait()
+    pw.main(argv)
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
 
 
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
@@ -416,7 +450,7 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
         with pytest.raises(RuntimeError):
             pw.main(argv)
     assert len(calls) == 4
-    assert os.listdir(out) == []  # no final files, and no temporary ones left behind
+    assert outputs(out) == []  # no final files, and no temporary ones left behind
 
 
 # --------------------------------------------------------------------------- download
@@ -527,7 +561,7 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
     out = tmp_path / "out"
     message = exit_message(["--url", url(server, "/bad.zip"), "--out_dir", str(out), "--num_proc", "1"])
     assert "not a valid zip" in message and "deleted" in message and "--zip" in message
-    assert os.listdir(out) == []
+    assert outputs(out) == []
     # a truncated download: wrong size when the size is known, a broken zip when it is not
     data = wikitext_zip(tmp_path)
     for expected_size, problem in [(len(data), "expected"), (None, "not a valid zip")]:
