@@ -341,6 +341,9 @@ def profile(run, bench):
 
 
 def main(argv):
+    if configurator.wants_help(argv):
+        print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
+        return 0
     try:
         bench, runs = parse_args(argv)
     except (configurator.ConfigError, ValueError) as e:
