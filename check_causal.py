@@ -16,7 +16,8 @@ gradient of the logits at i with respect to the token embeddings after i to be z
 Both in eval mode and in train mode with targets (the training code path: future
 attention's target, the encoder-decoder's embedding loss), at T = block_size and at a
 shorter T. To run in seconds the model is shrunk (narrower, 2 layers, a short context,
-a small vocabulary; every option kept); --full_size=True checks it as configured.
+a small vocabulary; every option kept; the user's flags win); --full_size=True checks it
+as configured, at 16 positions spread over T (--positions=0 for every one).
 
 --probe=True also trains a small model of the same type and options on the reversal task
 of seed 004: given n random digits, position t must predict digit n-1-t. A causal model
@@ -41,6 +42,7 @@ from configurator import ConfigError
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
     batch=2,  # sequences per forward pass in the exact checks
+    positions=0,  # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
     probe=False,  # also train the reversal probe
     probe_length=16,  # n, digits per probe sequence: the probe model's block_size (seed 004: 16)
     probe_vocab=10,  # digits 0..probe_vocab-1 (seed 004: 10)
@@ -85,8 +87,7 @@ def parse_args(argv):
         config = train.get_config(paths + train_flags)
     except ConfigError as e:
         raise ConfigError(f"{e}\ncheck_causal.py's own keys: {', '.join(CHECK_DEFAULTS)}") from None
-    user_keys = set(overrides) - set(CHECK_DEFAULTS)
-    return check, original, config, user_keys
+    return check, original, config, set(overrides)
 
 
 def shrunk_sizes(original, config, fixed, block_size, vocab_size):
@@ -200,9 +201,17 @@ def logits_of(model, idx, targets):
     return logits
 
 
-def perturbation_check(model, idx, targets, vocab_size, setting):
+def spread(count, first, last):
+    """`count` positions evenly spread over first..last, both ends included; all when count is 0."""
+    if count <= 0 or count >= last - first + 1:
+        return list(range(first, last + 1))
+    return sorted({round(first + k * (last - first) / (count - 1)) for k in range(count)})
+
+
+def perturbation_check(model, idx, targets, vocab_size, setting, positions=0):
     """Changes the token at each position p in turn (idx[p] and targets[p-1]: the same token)
-    and compares the logits at positions < p with the unchanged ones.
+    and compares the logits at positions < p with the unchanged ones; p = T changes only the
+    last target. `positions` > 0 takes that many p, spread over 1..T.
 
     Returns (the first leak or None, the largest change of an earlier logit, the smallest
     change at the perturbed position itself: > 0 shows the check can see a change).
@@ -212,7 +221,7 @@ def perturbation_check(model, idx, targets, vocab_size, setting):
         reference = logits_of(model, idx, targets)
         scale = max(1.0, reference.abs().max().item())
         worst_earlier, least_own = 0.0, math.inf
-        for p in range(1, T + 1):
+        for p in spread(positions, 1, T):
             changed_idx, changed_targets = idx.clone(), targets.clone()
             if p < T:
                 changed_idx[:, p] = (idx[:, p] + 1) % vocab_size
@@ -232,9 +241,10 @@ def perturbation_check(model, idx, targets, vocab_size, setting):
     return None, worst_earlier, least_own
 
 
-def gradient_check(model, idx, targets, setting):
+def gradient_check(model, idx, targets, setting, positions=0):
     """For each position i, the gradient of the logits at i (in a random direction, so that
     nothing cancels) with respect to the token embeddings wte(idx): zero after i.
+    `positions` > 0 takes that many i, spread over 0..T-1.
 
     Returns (the first leak or None, the largest gradient found after a position)."""
     captured = {}
@@ -254,9 +264,10 @@ def gradient_check(model, idx, targets, setting):
     T = idx.size(1)
     g = torch.Generator().manual_seed(1)
     worst = 0.0
-    for i in range(T):
+    checked = spread(positions, 0, T - 1)
+    for i in checked:
         direction = torch.randn(logits[:, i].shape, generator=g, dtype=logits.dtype)
-        grad, = torch.autograd.grad((logits[:, i] * direction).sum(), emb, retain_graph=i < T - 1)
+        grad, = torch.autograd.grad((logits[:, i] * direction).sum(), emb, retain_graph=i < checked[-1])
         per_position = grad.abs().amax(dim=(0, 2))  # (T,)
         own = per_position[:i + 1].max().item()
         if own == 0.0:
@@ -280,7 +291,7 @@ def settings_of(model_type, block_size):
     return [(mode, T, impl) for impl in impls for mode in ("eval", "train") for T in lengths]
 
 
-def check(model_type, model_args, batch=2, seed=0, log=print):
+def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     """Runs every exact check; returns the first leak or None. Prints one line per setting."""
     model = build(model_type, model_args, seed)
     g = torch.Generator().manual_seed(seed)
@@ -296,7 +307,7 @@ def check(model_type, model_args, batch=2, seed=0, log=print):
             idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
             t0 = time.perf_counter()
             try:
-                leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting)
+                leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
             except ValueError as e:
                 if mode == "eval":
                     raise
@@ -304,7 +315,7 @@ def check(model_type, model_args, batch=2, seed=0, log=print):
                 log(f"  {setting:36s} skipped: the model refuses it ({str(e).splitlines()[0]})")
                 continue
             if leak is None:
-                leak, grad_after = gradient_check(model, idx, targets, setting)
+                leak, grad_after = gradient_check(model, idx, targets, setting, positions)
             if leak:
                 log(f"  {setting:36s} leaks ({leak.how} check)")
                 return leak
@@ -326,11 +337,15 @@ def reversal_batch(batch, n, vocab_size, generator):
     return idx, idx.flip(1)
 
 
+def unseen_positions(n):
+    """(n,) bool: True where position t's target, digit n-1-t, is still to come (the first half)."""
+    t = torch.arange(n)
+    return n - 1 - t > t
+
+
 def probe_accuracy(model, idx, targets, training):
     """(accuracy on the positions whose target is still to come, on those that have seen it)."""
-    n = idx.size(1)
-    t = torch.arange(n)
-    unseen = n - 1 - t > t  # the first half: digit n-1-t comes after position t
+    unseen = unseen_positions(idx.size(1))
     model.train(training)
     with torch.no_grad():
         logits, _, _ = model(idx, targets)
@@ -371,9 +386,10 @@ def probe(model_type, model_args, settings, seed=0, log=print):
             last_log = time.time()
             log(f"  probe step {step} ({last_log - t0:.0f} s): loss {loss.item():.3f}")
     result = dict(steps=step, seconds=time.time() - t0)
-    unseen_samples = len(eval_idx) * sum(1 for t in range(n) if n - 1 - t > t)
+    unseen_samples = len(eval_idx) * unseen_positions(n).sum().item()
     seen_samples = len(eval_idx) * n - unseen_samples
     chance = 1.0 / V
+    result["causal_best"] = (unseen_samples * chance + seen_samples) / (unseen_samples + seen_samples)
     for mode in ("eval", "train"):
         first, second = probe_accuracy(model, eval_idx, eval_targets, training=mode == "train")
         result[mode] = dict(first=first, second=second, overall=(first * unseen_samples + second * seen_samples)
@@ -392,7 +408,7 @@ def report_probe(result, V, log=print):
     for mode in ("eval", "train"):
         r = result[mode]
         log(f"    {mode + ' mode':10s} {r['first']:11.1%} {r['second']:12.1%} {r['overall']:8.1%}")
-    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {'~' + format((1 + chance) / 2, '.0%'):>8s}"
+    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {'~' + format(result['causal_best'], '.0%'):>8s}"
         f"   (the best a causal model can do)")
     log(f"    {'leaky':10s} {'up to 100%':>11s} {'up to 100%':>12s} {'~100%':>8s}")
     if result["verdict"] == "leak":
@@ -413,6 +429,8 @@ def plan(settings, original, config, user_keys):
     """(the model settings of the exact checks, those of the probe model or None)."""
     if settings["full_size"]:
         sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
+        if "positions" not in user_keys:
+            settings["positions"] = 16  # a forward and a backward per position: minutes at the seed sizes
     else:
         sizes = shrunk_sizes(original, config, fixed=user_keys,
                              block_size=min(original["block_size"], CHECK_BLOCK_SIZE),
@@ -444,9 +462,12 @@ def main(argv):
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
     else:
         print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
-    print(f"float64 on the CPU, random weights (every parameter), batch {settings['batch']}, seed {config['seed']}")
+    which = f"{settings['positions']} positions spread over T" if settings["positions"] else "every position"
+    print(f"float64 on the CPU, random weights (every parameter), batch {settings['batch']}, {which}, "
+          f"seed {config['seed']}")
     try:
-        leak = check(model_type, model_args, batch=settings["batch"], seed=config["seed"])
+        leak = check(model_type, model_args, batch=settings["batch"], positions=settings["positions"],
+                     seed=config["seed"])
     except CheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

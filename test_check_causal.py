@@ -252,6 +252,14 @@ def test_one_key_too_wide_is_reported_where_it_starts(monkeypatch):
     assert str(leak).endswith(" when the token at position 1 changes (eval mode, T=24)")
 
 
+def test_a_few_positions_spread_over_the_sequence_still_catch_a_leak(monkeypatch):
+    assert check_causal.spread(4, 1, 24) == [1, 9, 16, 24]
+    assert check_causal.spread(0, 0, 3) == check_causal.spread(9, 0, 3) == [0, 1, 2, 3]
+    model_type, args = checked_args(plant(monkeypatch, "future_band_reads_real_keys"))
+    leak = check_causal.check(model_type, args, positions=4, log=silent)
+    assert leak.later in (1, 9, 16, 24) and leak.position < leak.later
+
+
 def test_a_leak_through_the_targets_is_caught(monkeypatch):
     # a training path that peeks at the targets (the next tokens): only the perturbation
     # check sees it, since targets[p-1] is the token at p
