@@ -2,8 +2,9 @@
 Tests of check_causal.py: it passes every shipped config and every option that changes the
 forward pass, and it catches leaks planted here, in copies of the models' attention that
 only the tests install (monkeypatch): the seed-003 softmax over the queries, a causal mask
-one key too wide, a cross-attention without its mask, and a future-attention band that
-reads the real keys. Run: python -m pytest -q test_check_causal.py
+one key too wide, a cross-attention without its mask, a future-attention band that reads
+the real keys, a training path that peeks at the targets, a path behind a zero-initialized
+bias. Run: python -m pytest -q test_check_causal.py
 
     python test_check_causal.py     # the checker and the probe on the seed-003 bug
 """
@@ -275,6 +276,21 @@ def test_a_leak_through_the_targets_is_caught(monkeypatch):
     model_type, args = checked_args("config/baseline.py")
     leak = check_causal.check(model_type, args, log=silent)
     assert (leak.how, leak.position, leak.later, leak.setting) == ("perturbation", 0, 1, "train mode, T=24")
+
+
+def test_random_weights_open_paths_that_the_init_closes(monkeypatch):
+    # a leak scaled by a bias that the model initializes to 0: invisible at the model's own
+    # init, caught once every parameter is drawn afresh
+    original = model_baseline.CausalSelfAttention.forward
+
+    def next_token_through_a_zero_bias(self, x):
+        return original(self, x) + self.c_proj.bias * x.roll(-1, dims=1)
+
+    monkeypatch.setattr(model_baseline.CausalSelfAttention, "forward", next_token_through_a_zero_bias)
+    model_type, args = checked_args("config/baseline.py", "--bias=True")
+    assert check_causal.check(model_type, args, log=silent).later == 1
+    monkeypatch.setattr(check_causal, "randomize", lambda model, generator: None)
+    assert check_causal.check(model_type, args, log=silent) is None
 
 
 def test_main_exits_1_on_a_leak(monkeypatch, capsys):
