@@ -123,7 +123,7 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     C = pick("block_size", block_size)
     if model_type == "future_attn":
         if config["future_dim"] is not None:
-            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1)) if C0 > 1 else 1
+            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))  # C0 >= 2: GPTConfig checks it
             pick("future_dim", min(max(scaled, 1), C - 1))
         start0, end0 = config["start_layer"], config["end_layer"] or L0
         before, after = int(start0 > 1), int(end0 < L0)
