@@ -1,0 +1,492 @@
+"""
+Checks that a model cannot see the future: the logits at position i must depend on the
+tokens 0..i only, in training and in evaluation, at any length (SPEC.md). Any config,
+any model type, any options: the model is built as train.py builds it.
+
+    python check_causal.py config/future50_mse.py                   # seconds, on a CPU
+    python check_causal.py config/encdec_possub.py --sub_pos=yes_ln # any --key=value of train.py
+    python check_causal.py config/baseline.py --full_size=True      # at the config's own sizes
+    python check_causal.py config/future50_mse.py --probe=True      # and the reversal probe (a minute)
+
+The exact checks run in float64 on a CPU with random weights, every parameter drawn afresh
+at a scale where activations stay near 1 (so no zero-initialized bias or tiny weight can
+hide a path): for each position p, change the token at p and require the logits at every
+position before p to stay exactly as they were; and for each position i, require the
+gradient of the logits at i with respect to the token embeddings after i to be zero.
+Both in eval mode and in train mode with targets (the training code path: future
+attention's target, the encoder-decoder's embedding loss), at T = block_size and at a
+shorter T. To run in seconds the model is shrunk (narrower, 2 layers, a short context,
+a small vocabulary; every option kept; the user's flags win); --full_size=True checks it
+as configured, at 16 positions spread over T (--positions=0 for every one).
+
+--probe=True also trains a small model of the same type and options on the reversal task
+of seed 004: given n random digits, position t must predict digit n-1-t. A causal model
+learns the positions whose digit it has already seen (the second half) and stays at
+chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
+reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
+2 a bad setting.
+"""
+
+import dataclasses
+import math
+import sys
+import time
+
+import torch
+
+import configurator
+import model_future_attn
+import train
+from configurator import ConfigError
+
+CHECK_DEFAULTS = dict(
+    full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
+    batch=2,  # sequences per forward pass in the exact checks
+    positions=0,  # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
+    probe=False,  # also train the reversal probe
+    probe_length=16,  # n, digits per probe sequence: the probe model's block_size (seed 004: 16)
+    probe_vocab=10,  # digits 0..probe_vocab-1 (seed 004: 10)
+    probe_seconds=60.0,  # how long the probe trains
+    probe_steps=0,  # train this many steps instead, when > 0
+    probe_batch=128,  # sequences per probe step (seed 004: 128)
+    probe_lr=4e-3,  # probe learning rate, AdamW without weight decay (seed 004: Adam, 4e-3)
+)
+FLAGS_WITHOUT_VALUE = ("--full_size", "--probe")  # `--probe` alone means --probe=True
+
+CHECK_WIDTH = 48  # n_embd of the shrunk model: the nearest multiple of the head counts
+CHECK_BLOCK_SIZE = 24
+CHECK_VOCAB = 64
+CHECK_LAYERS = 2  # per stack; future attention keeps its baseline layers before and after
+TOLERANCE = 1e-9  # float64: a causal model changes nothing; rounding would be ~1e-15
+PROBE_EVAL = 1024  # fresh sequences the probe's accuracy is measured on
+PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
+
+
+# --------------------------------------------------------------------------------------
+# settings
+
+
+def parse_args(argv):
+    """(checker settings, the config file's train config, the same with the flags applied,
+    the keys the flags set) from `CONFIG [--key=value ...]`."""
+    argv = [a + "=True" if a in FLAGS_WITHOUT_VALUE else a for a in argv]
+    paths = [a for a in argv if not a.startswith("--")]
+    if len(paths) != 1:
+        raise ConfigError("give one config file, e.g. `python check_causal.py config/future50_mse.py`")
+    flags = [a for a in argv if a.startswith("--")]
+    _, overrides = configurator.parse(flags)
+    own = {k: v for k, v in overrides.items() if k in CHECK_DEFAULTS}
+    check = configurator.merge(CHECK_DEFAULTS, {}, own)
+    train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
+    for key, least in (("batch", 1), ("probe_length", 2), ("probe_vocab", 2), ("probe_batch", 1)):
+        if check[key] < least:
+            raise ConfigError(f"{key} must be at least {least}, got {check[key]}")
+    try:
+        # the config file alone (with the flags' model_type): what "original → checked" reports
+        original = train.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+        config = train.get_config(paths + train_flags)
+    except ConfigError as e:
+        raise ConfigError(f"{e}\ncheck_causal.py's own keys: {', '.join(CHECK_DEFAULTS)}") from None
+    return check, original, config, set(overrides)
+
+
+def shrunk_sizes(original, config, fixed, block_size, vocab_size):
+    """The settings of a small model with the same options: block_size and vocab_size as
+    given, n_embd the multiple of the head counts nearest CHECK_WIDTH, CHECK_LAYERS layers,
+    no dropout. future_dim scales with the context (block_size - 1 stays so), and future
+    attention keeps one baseline layer before and after its layers where the config has
+    some. `original` is the config file's config, `config` the same with the user's flags;
+    keys in `fixed` (the flags') keep the user's value, except future_dim and the layer range,
+    which scale like the config's unless block_size and n_layer are fixed too: a
+    --future_dim=100 or --end_layer=20 says where in the config's 200 positions or 28
+    layers, so it shrinks with them.
+    """
+    sizes = {}
+    if "block_size" not in fixed:
+        fixed = fixed - {"future_dim"}
+    if "n_layer" not in fixed:
+        fixed = fixed - {"start_layer", "end_layer"}
+
+    def pick(key, value):
+        sizes[key] = config[key] if key in fixed else value
+        return sizes[key]
+
+    model_type = config["model_type"]
+    heads = [config["n_head"]]
+    if model_type == "encdec":
+        heads.append(config["cross_n_head"] or 2 * config["n_head"])
+    unit = math.lcm(*heads)
+    pick("n_embd", min(config["n_embd"], unit * max(1, round(CHECK_WIDTH / unit))))
+    pick("vocab_size", vocab_size)
+    pick("dropout", 0.0)
+    C0, L0 = original["block_size"], original["n_layer"]
+    C = pick("block_size", block_size)
+    if model_type == "future_attn":
+        if config["future_dim"] is not None:
+            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))  # C0 >= 2: GPTConfig checks it
+            pick("future_dim", min(max(scaled, 1), C - 1))
+        start0, end0 = config["start_layer"], config["end_layer"] or L0
+        before, after = int(start0 > 1), int(end0 < L0)
+        n_future = min(CHECK_LAYERS, end0 - start0 + 1)
+        L = pick("n_layer", min(L0, before + n_future + after))
+        pick("start_layer", 1 + before)
+        pick("end_layer", L - after)
+    else:
+        pick("n_layer", min(L0, CHECK_LAYERS))
+    return sizes
+
+
+def model_args_for(config, sizes):
+    """The GPTConfig fields of config with sizes applied, resolved and validated."""
+    return train.model_args_of(dict(config, **sizes))
+
+
+def describe_changes(original, model_args):
+    """'key original → checked, ...' for the model settings that differ from the config file's."""
+    before = train.model_args_of(original)
+    return ", ".join(f"{k} {before[k]} → {v}" for k, v in model_args.items() if before[k] != v)
+
+
+# --------------------------------------------------------------------------------------
+# the exact checks
+
+
+@dataclasses.dataclass
+class Leak:
+    """The logits at `position` depend on the token at `later` > position, by `amount`."""
+    how: str  # 'perturbation' or 'gradient'
+    position: int
+    later: int
+    amount: float
+    setting: str
+
+    def __str__(self):
+        if self.how == "perturbation":
+            return (f"LEAK: logits at position {self.position} change by {self.amount:.3g} when the "
+                    f"token at position {self.later} changes ({self.setting})")
+        return (f"LEAK: the gradient of the logits at position {self.position} with respect to the "
+                f"token embedding at position {self.later} is {self.amount:.3g}, not 0 ({self.setting})")
+
+
+class CheckError(Exception):
+    """The check could not see what it must see (a model it does not know how to read)."""
+
+
+def randomize(model, generator):
+    """Every parameter drawn afresh: N(0, 1/fan_in) matrices, N(0, 1) vectors (biases, gains).
+
+    Activations then stay near 1 and scores are not all equal, so every path from a token
+    carries a visible signal; a leak is then many orders above float64 rounding.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 1
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) / math.sqrt(fan_in))
+
+
+def build(model_type, model_args, seed):
+    module = train.MODELS[model_type]
+    torch.manual_seed(seed)
+    model = module.GPT(module.GPTConfig(**model_args)).double()
+    randomize(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+def logits_of(model, idx, targets):
+    """The logits at every position (B, T, vocab) of a forward with targets, in the model's mode.
+
+    Reseeds first, so that a model with dropout draws the same masks in every call."""
+    torch.manual_seed(0)
+    logits, _, _ = model(idx, targets)
+    return logits
+
+
+def spread(count, first, last):
+    """`count` positions evenly spread over first..last, both ends included; all when count is 0."""
+    if count <= 0 or count >= last - first + 1:
+        return list(range(first, last + 1))
+    return sorted({round(first + k * (last - first) / (count - 1)) for k in range(count)})
+
+
+def perturbation_check(model, idx, targets, vocab_size, setting, positions=0):
+    """Changes the token at each position p in turn (idx[p] and targets[p-1]: the same token)
+    and compares the logits at positions < p with the unchanged ones; p = T changes only the
+    last target. `positions` > 0 takes that many p, spread over 1..T.
+
+    Returns (the first leak or None, the largest change of an earlier logit, the smallest
+    change at the perturbed position itself: > 0 shows the check can see a change).
+    """
+    T = idx.size(1)
+    with torch.no_grad():
+        reference = logits_of(model, idx, targets)
+        scale = max(1.0, reference.abs().max().item())
+        worst_earlier, least_own = 0.0, math.inf
+        for p in spread(positions, 1, T):
+            changed_idx, changed_targets = idx.clone(), targets.clone()
+            if p < T:
+                changed_idx[:, p] = (idx[:, p] + 1) % vocab_size
+            changed_targets[:, p - 1] = (targets[:, p - 1] + 1) % vocab_size
+            logits = logits_of(model, changed_idx, changed_targets)
+            change = (logits - reference).abs().amax(dim=(0, 2))  # (T,): largest change per position
+            worst_earlier = max(worst_earlier, change[:p].max().item())
+            if p < T:
+                least_own = min(least_own, change[p].item())
+            leaking = (change[:p] > TOLERANCE * scale).nonzero()
+            if len(leaking):
+                i = leaking[0].item()
+                return Leak("perturbation", i, p, change[i].item(), setting), worst_earlier, least_own
+    if least_own == 0.0:
+        raise CheckError(f"changing a token left the logits at its own position unchanged ({setting}): "
+                         f"the check cannot see this model's inputs")
+    return None, worst_earlier, least_own
+
+
+def gradient_check(model, idx, targets, setting, positions=0):
+    """For each position i, the gradient of the logits at i (in a random direction, so that
+    nothing cancels) with respect to the token embeddings wte(idx): zero after i.
+    `positions` > 0 takes that many i, spread over 0..T-1.
+
+    Returns (the first leak or None, the largest gradient found after a position)."""
+    captured = {}
+
+    def as_leaf(module, inputs, output):  # the token embeddings become a leaf we can differentiate by
+        captured["emb"] = output.detach().requires_grad_()
+        return captured["emb"]
+
+    if not hasattr(model, "transformer") or "wte" not in model.transformer:
+        raise CheckError("the gradient check needs the token embedding at model.transformer.wte")
+    hook = model.transformer.wte.register_forward_hook(as_leaf)
+    try:
+        logits = logits_of(model, idx, targets)
+    finally:
+        hook.remove()
+    emb = captured["emb"]
+    T = idx.size(1)
+    g = torch.Generator().manual_seed(1)
+    worst = 0.0
+    checked = spread(positions, 0, T - 1)
+    for i in checked:
+        direction = torch.randn(logits[:, i].shape, generator=g, dtype=logits.dtype)
+        grad, = torch.autograd.grad((logits[:, i] * direction).sum(), emb, retain_graph=i < checked[-1])
+        per_position = grad.abs().amax(dim=(0, 2))  # (T,)
+        own = per_position[:i + 1].max().item()
+        if own == 0.0:
+            raise CheckError(f"the logits at position {i} have no gradient from any token embedding "
+                             f"({setting}): the check cannot see this model's inputs")
+        after = per_position[i + 1:]
+        if len(after):
+            worst = max(worst, after.max().item())
+            leaking = (after > TOLERANCE * max(1.0, own)).nonzero()
+            if len(leaking):
+                j = i + 1 + leaking[0].item()
+                return Leak("gradient", i, j, per_position[j].item(), setting), worst
+    return None, worst
+
+
+def settings_of(model_type, block_size):
+    """(mode, T, future-attention implementation) for every check: both modes, T = C and T < C,
+    and for future attention both CPU implementations (the readable one and the blocked one)."""
+    lengths = [block_size] + ([max(2, 2 * block_size // 3)] if block_size > 2 else [])
+    impls = ["readable", "fast"] if model_type == "future_attn" else [None]
+    return [(mode, T, impl) for impl in impls for mode in ("eval", "train") for T in lengths]
+
+
+def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
+    """Runs every exact check; returns the first leak or None. Prints one line per setting."""
+    model = build(model_type, model_args, seed)
+    g = torch.Generator().manual_seed(seed)
+    vocab_size, C = model_args["vocab_size"], model_args["block_size"]
+    saved_impl = model_future_attn.FUTURE_ATTN_IMPL
+    try:
+        for mode, T, impl in settings_of(model_type, C):
+            if impl:
+                model_future_attn.FUTURE_ATTN_IMPL = impl
+            setting = f"{mode} mode, T={T}" + (f", impl={impl}" if impl else "")
+            model.train(mode == "train")
+            tokens = torch.randint(vocab_size, (batch, T + 1), generator=g)
+            idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
+            t0 = time.perf_counter()
+            try:
+                leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
+            except ValueError as e:
+                if mode == "eval":
+                    raise
+                # training refuses some settings (future attention trains at T = block_size only)
+                log(f"  {setting:36s} skipped: the model refuses it ({str(e).splitlines()[0]})")
+                continue
+            if leak is None:
+                leak, grad_after = gradient_check(model, idx, targets, setting, positions)
+            if leak:
+                log(f"  {setting:36s} leaks ({leak.how} check)")
+                return leak
+            log(f"  {setting:36s} ok: earlier logits changed by at most {earlier:.1g} (the changed "
+                f"position's by {own:.2g} or more); gradient after i at most {grad_after:.1g} "
+                f"[{time.perf_counter() - t0:.1f} s]")
+    finally:
+        model_future_attn.FUTURE_ATTN_IMPL = saved_impl
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# the reversal probe (seed 004)
+
+
+def reversal_batch(batch, n, vocab_size, generator):
+    """(idx, targets): n random digits, and the same digits reversed: position t predicts n-1-t."""
+    idx = torch.randint(vocab_size, (batch, n), generator=generator)
+    return idx, idx.flip(1)
+
+
+def unseen_positions(n):
+    """(n,) bool: True where position t's target, digit n-1-t, is still to come (the first half)."""
+    t = torch.arange(n)
+    return n - 1 - t > t
+
+
+def probe_accuracy(model, idx, targets, training):
+    """(accuracy on the positions whose target is still to come, on those that have seen it)."""
+    unseen = unseen_positions(idx.size(1))
+    model.train(training)
+    with torch.no_grad():
+        logits, _, _ = model(idx, targets)
+    correct = (logits.argmax(-1) == targets).double()  # (B, n)
+    model.train()
+    return correct[:, unseen].mean().item(), correct[:, ~unseen].mean().item()
+
+
+def above_chance(accuracy, samples, chance):
+    """Is accuracy more than PROBE_Z standard errors above chance? The first-half targets
+    are uniform and independent of everything a causal model sees, so its hits are Bernoulli."""
+    return accuracy > chance + PROBE_Z * math.sqrt(chance * (1 - chance) / samples)
+
+
+def probe(model_type, model_args, settings, seed=0, log=print):
+    """Trains on the reversal task; returns a dict of accuracies and the verdict."""
+    n, V = settings["probe_length"], settings["probe_vocab"]
+    module = train.MODELS[model_type]
+    torch.manual_seed(seed)
+    model = module.GPT(module.GPTConfig(**model_args))  # its own init, float32: a real training run
+    optimizer = model.configure_optimizers(0.0, settings["probe_lr"], (0.9, 0.98), "cpu")
+    g = torch.Generator().manual_seed(seed)
+    eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, torch.Generator().manual_seed(seed + 1))
+    model.train()
+    t0, step, last_log = time.time(), 0, time.time()
+    while True:
+        steps_done = settings["probe_steps"] > 0 and step >= settings["probe_steps"]
+        time_up = settings["probe_steps"] <= 0 and time.time() - t0 >= settings["probe_seconds"]
+        if steps_done or time_up:
+            break
+        idx, targets = reversal_batch(settings["probe_batch"], n, V, g)
+        _, loss, _ = model(idx, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if time.time() - last_log >= 10:
+            last_log = time.time()
+            log(f"  probe step {step} ({last_log - t0:.0f} s): loss {loss.item():.3f}")
+    result = dict(steps=step, seconds=time.time() - t0)
+    unseen_samples = len(eval_idx) * unseen_positions(n).sum().item()
+    seen_samples = len(eval_idx) * n - unseen_samples
+    chance = 1.0 / V
+    result["causal_best"] = (unseen_samples * chance + seen_samples) / (unseen_samples + seen_samples)
+    for mode in ("eval", "train"):
+        first, second = probe_accuracy(model, eval_idx, eval_targets, training=mode == "train")
+        result[mode] = dict(first=first, second=second, overall=(first * unseen_samples + second * seen_samples)
+                            / (unseen_samples + seen_samples))
+    leaky = [m for m in ("eval", "train") if above_chance(result[m]["first"], unseen_samples, chance)]
+    learned = above_chance(result["eval"]["second"], seen_samples, chance)
+    result["verdict"] = "leak" if leaky else "causal" if learned else "inconclusive"
+    result["leaky_modes"] = leaky
+    return result
+
+
+def report_probe(result, V, log=print):
+    chance = 1.0 / V
+    log(f"  after {result['steps']} steps ({result['seconds']:.0f} s), accuracy on {PROBE_EVAL} fresh sequences:")
+    log(f"    {'':10s} {'first half':>11s} {'second half':>12s} {'overall':>8s}")
+    for mode in ("eval", "train"):
+        r = result[mode]
+        log(f"    {mode + ' mode':10s} {r['first']:11.1%} {r['second']:12.1%} {r['overall']:8.1%}")
+    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {'~' + format(result['causal_best'], '.0%'):>8s}"
+        f"   (the best a causal model can do)")
+    log(f"    {'leaky':10s} {'up to 100%':>11s} {'up to 100%':>12s} {'~100%':>8s}")
+    if result["verdict"] == "leak":
+        mode = result["leaky_modes"][0]
+        log(f"LEAK: the model predicts the first half at {result[mode]['first']:.1%} ({mode} mode), "
+            f"far above chance ({chance:.0%}): it sees the future")
+    elif result["verdict"] == "causal":
+        log(f"causal: accuracy on the first half is at chance ({result['eval']['first']:.1%}), as it must be")
+    else:
+        log(f"inconclusive: the model has not learned even the second half ({result['eval']['second']:.1%}); "
+            f"train longer (--probe_seconds, --probe_steps) or raise --probe_lr")
+
+
+# --------------------------------------------------------------------------------------
+
+
+def plan(settings, original, config, user_keys):
+    """(the model settings of the exact checks, those of the probe model or None)."""
+    if settings["full_size"]:
+        sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
+        if "positions" not in user_keys:
+            settings["positions"] = 16  # a forward and a backward per position: minutes at the seed sizes
+    else:
+        sizes = shrunk_sizes(original, config, fixed=user_keys,
+                             block_size=min(original["block_size"], CHECK_BLOCK_SIZE),
+                             vocab_size=min(original["vocab_size"], CHECK_VOCAB))
+    model_args = model_args_for(config, sizes)
+    if not settings["probe"]:
+        return model_args, None
+    # the probe's length and digits are its own; the user's other settings apply
+    sizes = shrunk_sizes(original, config, fixed=user_keys - {"block_size", "vocab_size"},
+                         block_size=settings["probe_length"], vocab_size=settings["probe_vocab"])
+    return model_args, model_args_for(config, sizes)
+
+
+def main(argv):
+    if configurator.wants_help(argv):
+        print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
+        return 0
+    try:
+        settings, original, config, user_keys = parse_args(argv)
+        model_args, probe_args = plan(settings, original, config, user_keys)
+        changes = describe_changes(original, model_args)
+        probe_changes = probe_args and describe_changes(original, probe_args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not settings["full_size"]:
+        torch.set_num_threads(1)  # tensors this small keep one core busy; more threads only wait
+    model_type = config["model_type"]
+    path = next(a for a in argv if not a.startswith("--"))
+    print(f"{path}: {model_type}")
+    if settings["full_size"]:
+        print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
+    else:
+        print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
+    which = f"{settings['positions']} positions spread over T" if settings["positions"] else "every position"
+    print(f"float64 on the CPU, random weights (every parameter), batch {settings['batch']}, {which}, "
+          f"seed {config['seed']}")
+    try:
+        leak = check(model_type, model_args, batch=settings["batch"], positions=settings["positions"],
+                     seed=config["seed"])
+    except CheckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if leak:
+        print(leak)
+        return 1
+    print("causal: no logit depends on a later token (each token changed in turn, and by gradient), "
+          "in eval and train mode")
+    if probe_args:
+        print(f"probe: reversal of {settings['probe_length']} digits 0..{settings['probe_vocab'] - 1}; {probe_changes}")
+        result = probe(model_type, probe_args, settings, seed=config["seed"])
+        report_probe(result, settings["probe_vocab"])
+        if result["verdict"] != "causal":
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
