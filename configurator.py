@@ -11,12 +11,14 @@ default is a string (so `--dtype=bfloat16` needs no quotes). Flags win over file
 Every key must have a default, and every value must match its default's type (an int is
 accepted for a float; a None default accepts any value); otherwise merge raises one
 ConfigError that lists all the problems and the valid keys.
+`-h` or `--help` anywhere asks for the script's usage instead (wants_help, usage).
 """
 
 import ast
 import os
 
 SIMPLE_TYPES = (bool, int, float, str, type(None))
+HELP_FLAGS = ("-h", "--help")
 
 
 class ConfigError(ValueError):
@@ -31,6 +33,16 @@ def read_config_file(path):
     with open(path) as f:
         exec(compile(f.read(), path, "exec"), namespace)  # its own namespace, never our globals
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, SIMPLE_TYPES)}
+
+
+def wants_help(argv):
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def usage(doc, config):
+    """A script's --help text: its docstring, then every key with its value in config."""
+    keys = "\n".join(f"  --{key}={value!r}" for key, value in config.items())
+    return f"{doc.strip()}\n\nkeys, as --key=value (after any config files), with their values:\n{keys}"
 
 
 def parse(argv):

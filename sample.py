@@ -4,6 +4,7 @@ Samples text from a model that train.py trained (any of the three; ckpt.pt names
     python sample.py --out_dir=out-future50_mse
     python sample.py --out_dir=out-tiny_cpu --start="The history of" --num_samples=5
     python sample.py --out_dir=out-encdec_mse_possub --start=FILE:prompt.txt --temperature=0.7
+    python sample.py --help                                   # every key with its default
 
 Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
 """
@@ -16,15 +17,15 @@ import torch
 
 import configurator
 from configurator import ConfigError
-from train import TrainError, autocast_for, load_checkpoint, model_from_checkpoint
+from train import DTYPES, TrainError, autocast_for, check_device, load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     out_dir="out",  # the training run whose ckpt.pt to sample from
     start="\n",  # the prompt, or FILE:path to read the prompt from a file
     num_samples=3,  # samples to draw
     max_new_tokens=200,  # tokens generated per sample
-    temperature=0.8,  # below 1 sharper, above 1 more random
-    top_k=200,  # sample among the top_k most likely tokens; 0 = among all
+    temperature=0.8,  # > 0; below 1 sharper, above 1 more random
+    top_k=200,  # sample among the top_k most likely tokens; 0 = among all, 1 = greedy (always the likeliest)
     seed=1337,
     device="cuda" if torch.cuda.is_available() else "cpu",
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
@@ -38,12 +39,31 @@ def read_prompt(start):
     path = start[len("FILE:"):]
     if not os.path.isfile(path):
         raise ConfigError(f"prompt file {path} not found (--start=FILE:path reads the prompt from path)")
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
+                          f"save it as UTF-8") from None
+
+
+def check_settings(config):
+    if config["temperature"] <= 0:
+        raise ConfigError(f"temperature must be > 0, got {config['temperature']} (for greedy decoding use --top_k=1)")
+    if config["top_k"] < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {config['top_k']}")
+    for key in ("num_samples", "max_new_tokens"):
+        if config[key] < 1:
+            raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    if config["dtype"] not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {config['dtype']!r}")
+    check_device(config["device"])
 
 
 def sample(config):
     """num_samples texts, each the prompt followed by max_new_tokens sampled tokens."""
+    prompt = read_prompt(config["start"])
     checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"))
     model = model_from_checkpoint(checkpoint)
     del checkpoint
@@ -60,7 +80,7 @@ def sample(config):
     except Exception as e:
         raise TrainError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
                          f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files") from None
-    ids = enc.encode(read_prompt(config["start"]), allowed_special={"<|endoftext|>"})
+    ids = enc.encode(prompt, allowed_special={"<|endoftext|>"})
     if not ids:
         raise ConfigError("the prompt is empty: give --start some text")
     if max(ids) >= model.config.vocab_size:
@@ -79,8 +99,13 @@ def sample(config):
 
 def main(argv=None):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if configurator.wants_help(argv):
+        print(configurator.usage(__doc__, DEFAULTS))
+        return 0
     try:
-        config = configurator.merge(DEFAULTS, *configurator.parse(sys.argv[1:] if argv is None else argv))
+        config = configurator.merge(DEFAULTS, *configurator.parse(argv))
+        check_settings(config)
         for text in sample(config):
             print(text)
             print("---------------")

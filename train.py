@@ -8,22 +8,28 @@ a config file and --key=value flags change any setting (configurator.py).
     python train.py config/tiny_cpu.py                         # a CPU, a few minutes
     python train.py config/baseline.py --batch_size=25 --gradient_accumulation_steps=32
     python train.py config/future50_mse.py --init_from=resume  # continue from out_dir/ckpt.pt
+    python train.py config/tiny_cpu.py --help                   # every key with its value
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs, one node
 
 gradient_accumulation_steps is the TOTAL number of micro-steps per optimizer step over all
 processes, so a config gives the same tokens per step on 1 or 8 GPUs. Rank 0 prints, appends
 JSON lines to out_dir/log.jsonl ("start", "train", "eval" records) and writes out_dir/ckpt.pt.
+A new run refuses an out_dir that already holds a run (resume it, or pass --overwrite=True),
+and a run locks its out_dir (out_dir/train.lock) so that a second one cannot write there too.
 """
 
 import dataclasses
+import fcntl
 import functools
+import hashlib
 import json
 import math
 import os
 import random
+import socket
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import numpy as np
 import torch
@@ -52,6 +58,7 @@ DEFAULTS = dict(
     eval_only=False,  # estimate the losses once and exit
     always_save_checkpoint=False,  # save at every eval, not only when val loss improves
     init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    overwrite=False,  # let a new run replace the run in out_dir: deletes its ckpt.pt and log.jsonl
     wandb_log=False,  # also log to Weights & Biases (needs `pip install wandb`)
     wandb_project="transformer-ideas",
     wandb_run_name="run",
@@ -79,6 +86,7 @@ DEFAULTS = dict(
     seed=1337,
 )
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 CHECKPOINT_FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 CHECKPOINT_KEYS = ("format", "model_type", "model_args", "model", "optimizer", "scaler",
                    "config", "iter_num", "best_val_loss", "rng")
@@ -112,13 +120,65 @@ def get_config(argv):
     if "model_type" in overrides:
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
     config = configurator.merge(default_config(model_type), files, overrides)
-    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", ("auto", "float32", "bfloat16", "float16"))):
+    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", DTYPES)):
         if config[key] not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    check_optimizer_settings(config)
+    check_device(config["device"])
     return config
+
+
+def check_optimizer_settings(config):
+    """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
+    problems = []
+    if config["learning_rate"] <= 0:
+        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= config[key] < 1:
+            problems.append(f"{key} must be in [0, 1), got {config[key]}")
+    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
+        if config[key] < 0:
+            problems.append(f"{key} must be >= 0, got {config[key]}")
+    if config["decay_lr"]:
+        # the cosine's ratio divides by lr_decay_iters - warmup_iters
+        if config["warmup_iters"] >= config["lr_decay_iters"]:
+            problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
+                            f"({config['lr_decay_iters']}), or set --decay_lr=False")
+        if config["min_lr"] > config["learning_rate"]:
+            problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def check_device(device):
+    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist (sample.py uses this too)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has no CUDA): use --device=cpu")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
+                              f"cuda:{torch.cuda.device_count() - 1}")
+
+
+def usage(argv):
+    """--help: the docstring and every key, with the values the rest of argv gives (defaults if it fails)."""
+    try:
+        config = get_config([arg for arg in argv if arg not in configurator.HELP_FLAGS])
+    except ConfigError:
+        config = default_config(DEFAULTS["model_type"])
+    return configurator.usage(__doc__, config) + (
+        f"\nThe model keys are those of model_{config['model_type']}.py's GPTConfig; "
+        "--model_type=... --help lists another model's.")
 
 
 def model_args_of(config):
@@ -136,23 +196,57 @@ def model_args_of(config):
 
 
 def check_data(data_dir, block_size, vocab_size):
+    """Refuse, before training starts, data that would fail mid-run: missing, damaged or short
+    files, token ids beyond the vocabulary, or a train.bin and val.bin from two preparations."""
+    meta_path = os.path.join(data_dir, "meta.json")
+    meta = {}
+    if os.path.isfile(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise TrainError(f"{meta_path} cannot be read ({e}) — run prepare_wikipedia.py again") from None
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
             flag = "" if data_dir == DEFAULTS["data_dir"] else f" --out_dir {data_dir}"
             raise TrainError(f"no data at {path} — run `python prepare_wikipedia.py{flag}` first")
-        n_tokens = os.path.getsize(path) // 2  # uint16
+        n_bytes = os.path.getsize(path)
+        if n_bytes % 2:
+            raise TrainError(f"{path} has an odd number of bytes ({n_bytes:,}), so it is not whole uint16 "
+                             f"tokens: the file is damaged — prepare the data again")
+        n_tokens = n_bytes // 2
         if n_tokens < block_size + 1:
             raise TrainError(
                 f"{path} holds {n_tokens} tokens, fewer than block_size + 1 = {block_size + 1}: "
                 f"prepare more text or lower --block_size"
             )
-    meta_path = os.path.join(data_dir, "meta.json")
-    if os.path.isfile(meta_path):
-        with open(meta_path) as f:
-            data_vocab = json.load(f).get("vocab_size", 0)
-        if data_vocab > vocab_size:
-            raise TrainError(f"{data_dir} holds tokens of a {data_vocab}-token vocabulary: set --vocab_size={data_vocab}")
+        recorded = meta.get(split, {})
+        # meta.json is written last by prepare_wikipedia.py: a .bin that disagrees with it comes
+        # from another preparation (one interrupted between its renames, say)
+        if "tokens" in recorded and recorded["tokens"] != n_tokens:
+            raise TrainError(f"{path} holds {n_tokens:,} tokens but {meta_path} records {recorded['tokens']:,}: "
+                             f"the files come from different preparations — prepare the data again")
+        if "sha256" in recorded and sha256_of(path) != recorded["sha256"]:
+            raise TrainError(f"{path} does not match the sha256 in {meta_path}: the file changed after it was "
+                             f"prepared — prepare the data again")
+        max_token_id = recorded.get("max_token_id")
+        if max_token_id is None:  # not recorded: scan the tokens once
+            max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
+        if max_token_id >= vocab_size:
+            raise TrainError(f"{path} holds token id {max_token_id}, beyond vocab_size {vocab_size}: "
+                             f"set --vocab_size={max_token_id + 1} or more, or prepare the data with this vocabulary")
+    if not meta:
+        print(f"note: {data_dir} has no meta.json, so train.bin and val.bin cannot be checked against "
+              f"each other (prepare_wikipedia.py writes it last; without it, the preparation may not have finished)")
+
+
+def sha256_of(path):
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
 
 
 def get_batch(data_dir, split, generator, batch_size, block_size, device):
@@ -252,8 +346,10 @@ def load_checkpoint(path):
         raise TrainError(f"no checkpoint at {path} — train one first (python train.py CONFIG --out_dir={os.path.dirname(path) or '.'})")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # not a torch file, or objects that weights_only refuses
-        raise TrainError(f"{path} is not a checkpoint written by train.py ({type(e).__name__}: {e})".splitlines()[0]) from None
+    except Exception as e:  # a damaged or foreign file; torch's own advice (weights_only=False) would run its code
+        reason = "damaged or incomplete" if isinstance(e, RuntimeError) else "holds objects train.py never saves"
+        raise TrainError(f"{path} is not a checkpoint written by train.py, or it is damaged ({reason}): "
+                         f"train again into a new --out_dir, or resume from a good copy") from None
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise TrainError(f"{path} is not a checkpoint written by train.py: it lacks {', '.join(missing)}")
@@ -289,7 +385,72 @@ def check_resume(checkpoint, config, model_args):
 
 
 # --------------------------------------------------------------------------------------
+# out_dir: one run per folder, one process at a time
+
+
+RUN_FILES = ("ckpt.pt", "log.jsonl")  # what a run leaves in its out_dir
+
+
+def claim_out_dir(config):
+    """Create and lock out_dir for this process; returns the open lock file (closing it unlocks).
+
+    A second process on the same folder is refused, naming the holder. The lock is the
+    kernel's (flock), so it ends with its process, however that dies (kill -9 included).
+    A new run (init_from='scratch') refuses a folder that holds a run unless overwrite=True."""
+    out_dir = config["out_dir"]
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    except OSError as e:
+        raise TrainError(f"cannot create out_dir {out_dir} ({e.strerror}): choose another --out_dir") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise TrainError(f"{out_dir} is in use by {holder}: wait for it to end, or choose another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"train.py (process {os.getpid()} on {socket.gethostname()})\n")
+    lock.flush()
+    with suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # left by a save that was killed
+    existing = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
+    if config["init_from"] == "scratch" and existing:
+        if not config["overwrite"]:
+            lock.close()
+            raise TrainError(
+                f"{out_dir} already holds a run ({', '.join(existing)}): continue it with --init_from=resume, "
+                f"start this one in another --out_dir, or replace it with --overwrite=True (deletes {', '.join(existing)})"
+            )
+        for name in existing:
+            os.remove(os.path.join(out_dir, name))
+        print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
+    return lock
+
+
+def agree(problem, ddp):
+    """Under DDP, rank 0's problem (a message or None) becomes every rank's, so all stop together."""
+    if ddp:
+        shared = [problem]
+        dist.broadcast_object_list(shared, src=0)
+        problem = shared[0]
+    if problem:
+        raise TrainError(problem)
+
+
+# --------------------------------------------------------------------------------------
 # logging
+
+
+def end_line(path):
+    """A launch killed mid-record leaves a partial last line: start the next records on a new one."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            f.write(b"\n")
 
 
 def log_event(path, record):
@@ -312,6 +473,17 @@ def log_event(path, record):
               f"val loss {record['val_loss']:.4f} (best {record['best_val_loss']:.4f}){saved}")
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def warn_if_slow_on_cpu(config, flops_per_iter):
+    """Say at once when a config sized for a GPU starts on a CPU, rather than after its first step."""
+    if flops_per_iter > 1e12:
+        print(f"note: this config is sized for a GPU: {flops_per_iter / 1e12:,.0f} TFLOP per optimizer step "
+              f"({config['gradient_accumulation_steps']} × {config['batch_size']} sequences of {config['block_size']} "
+              f"tokens), tens of seconds to minutes per step on a CPU, and max_iters is {config['max_iters']:,}; "
+              f"for a first run on a CPU use config/tiny_cpu.py")
+    if config["compile"]:
+        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")
 
 
 def peak_flops(device):
@@ -357,9 +529,19 @@ def train(config):
     """Run the training job that config describes; returns the trained (unwrapped) model,
     iter_num and best_val_loss. Under torchrun, every process calls this."""
     rank, world_size, device = setup_distributed(config)
+    lock = None
     try:
+        problem = None
+        if rank == 0:  # rank 0 writes the out_dir, so it holds the lock
+            try:
+                lock = claim_out_dir(config)
+            except TrainError as e:
+                problem = str(e)
+        agree(problem, ddp=world_size > 1)
         return run(config, rank, world_size, device)
     finally:
+        if lock:
+            lock.close()
         if "RANK" in os.environ:  # setup_distributed joined a process group
             dist.destroy_process_group()
 
@@ -410,6 +592,13 @@ def run(config, rank, world_size, device):
         if rank < len(checkpoint["rng"]):  # ranks beyond the saving run's keep their fresh seeds
             set_rng_state(checkpoint["rng"][rank], batch_generator)
         del checkpoint
+        if iter_num >= config["max_iters"] and not config["eval_only"]:
+            if master:
+                print(f"{ckpt_path} is at iteration {iter_num} and max_iters is {config['max_iters']}: "
+                      f"nothing to train (raise --max_iters to train on)")
+            return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
+        if master:
+            print(f"resumed from iteration {iter_num} ({ckpt_path}), training to max_iters {config['max_iters']}")
     start_iter = iter_num
 
     model = torch.compile(raw_model) if config["compile"] else raw_model
@@ -423,9 +612,7 @@ def run(config, rank, world_size, device):
     log_path = os.path.join(config["out_dir"], "log.jsonl")
     wandb = None
     if master:
-        os.makedirs(config["out_dir"], exist_ok=True)
-        if config["init_from"] == "scratch" and not config["eval_only"] and os.path.exists(log_path):
-            os.remove(log_path)  # a new run starts a new log
+        end_line(log_path)
         log_event(log_path, dict(
             type="start", model_type=config["model_type"], num_params=raw_model.get_num_params(),
             world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
@@ -438,6 +625,8 @@ def run(config, rank, world_size, device):
                 raise ConfigError("wandb_log=True needs wandb: `pip install wandb`, or drop --wandb_log") from None
             wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
     flops_promised = peak_flops(device) if master and device_type == "cuda" else None
+    if master and device_type == "cpu":
+        warn_if_slow_on_cpu(config, raw_model.flops_per_token() * tokens_per_iter)
 
     t_last, timed_iters = time.time(), 0
     while True:
@@ -496,10 +685,12 @@ def run(config, rank, world_size, device):
         aux_means = dict(zip(aux.keys(), aux_values))
         bad = [name for name, v in [("loss", loss_value), *aux_means.items()] if not math.isfinite(v)]
         if bad:
+            # the out_dir holds this run alone (claim_out_dir), so a checkpoint there is this run's
+            kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
             raise TrainError(
                 f"iteration {iter_num + 1}: non-finite {', '.join(bad)} "
                 f"({', '.join(f'{n} {v}' for n, v in [('loss', loss_value), *aux_means.items()])}); "
-                f"stopped, {ckpt_path} keeps the last good state — try a lower --learning_rate or --grad_clip=1.0"
+                f"stopped, {kept} — try a lower --learning_rate or --grad_clip=1.0"
             )
         if config["grad_clip"] > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
@@ -527,8 +718,12 @@ def run(config, rank, world_size, device):
 
 def main(argv=None):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if configurator.wants_help(argv):
+        print(usage(argv))
+        return 0
     try:
-        train(get_config(sys.argv[1:] if argv is None else argv))
+        train(get_config(argv))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 #   python prepare_wikipedia.py                  # once, writes data/wikipedia
 #   python train.py config/tiny_cpu.py
 # The other models: add --model_type=future_attn or --model_type=encdec (with encdec,
-# n_layer counts each of its two stacks, so --n_layer=2 gives about the same depth).
+# n_layer counts each of its two stacks, so --n_layer=2 gives about the same depth) and an
+# --out_dir of their own, e.g. --out_dir=out-tiny_encdec.
 # 12 batch × 1 accum × 64 tokens = 768 tokens per step; × 300 steps = 230,400 tokens
 
 out_dir = "out-tiny_cpu"
