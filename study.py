@@ -303,7 +303,7 @@ def train_runs(runs, slots, flags, progress_s):
     for data_dir in sorted({run.config["data_dir"] for run in todo}):
         config = next(run.config for run in todo if run.config["data_dir"] == data_dir)
         train.check_data(data_dir, config["block_size"], config["vocab_size"])
-    say(f"{len(todo)} of {len(runs)} runs to train, {len(slots)} at a time")
+    say(f"{len(todo)} of {len(runs)} runs to train, {len(slots)} at a time" if todo else "nothing to train")
     progress = Progress(runs, progress_s)
     running = {}
 
