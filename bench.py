@@ -7,6 +7,8 @@ describe, on random tokens, after a warm-up. Settings are train.py's (config fil
     python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast --device=cpu --batch_size=4
     python bench.py config/future50_mse.py --explain                # graph breaks under torch.compile
     python bench.py config/future50_mse.py --sweep_block_size=256,512,1024,2048 --batch_size=8
+    python bench.py config/baseline.py --profile                   # where a step's time goes, by kind
+    python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation, same tokens
 
 --compare runs all configs in one process, one step of each in turn, and prints each one's
 time over the first's, the median of the per-round ratios: a busy machine slows every
@@ -14,15 +16,28 @@ config in a round alike, so the ratios hold where the milliseconds wander. --imp
 the future-attention code (model_future_attn.FUTURE_ATTN_IMPL); a comma list times the
 future-attention configs once per implementation. On a CPU, compile is off unless asked
 for (it takes minutes there) and peak memory is the growth of the process's peak RSS.
+
+--profile=N traces N steps with torch.profiler after the warm-up and sums their time by
+kernel kind (kind_of): on CUDA the GPU's kernels and copies, plus the GPU's idle time
+between them (host gaps: Python, launches, syncs); on a CPU the ops' own (self) time, plus
+the time outside any op. Kernel names cannot tell the output head's matmul from the
+layers', so it counts under matmul, and the report gives its share of the model's FLOPs.
+
+--splits times whole optimizer steps (every micro-step, then AdamW) for each way of
+splitting the same sequences per step into batch_size x gradient_accumulation_steps.
 """
 
+import collections
 import os
+import re
 import resource
 import statistics
 import sys
 import time
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
 
 import configurator
 import model_future_attn
@@ -35,13 +50,18 @@ BENCH_DEFAULTS = dict(
     compare=False,  # interleave all runs in one process; print ratios to the first run
     explain=False,  # print torch._dynamo.explain's graph and graph-break counts instead of timing
     sweep_block_size="",  # e.g. '256,512,1024,2048': time and peak memory per block_size
+    splits="",  # e.g. '50x16,100x8': batch_size x gradient_accumulation_steps, all the same product
+    profile=0,  # steps to trace with torch.profiler after the warm-up (a bare --profile: 5)
+    profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
 )
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile")  # at most one per run
+BARE_FLAGS = {"--compare": "--compare=True", "--explain": "--explain=True", "--profile": "--profile=5"}
 IMPLS = ("auto", "readable", "fast", "flex")
 
 
 def parse_args(argv):
     """(bench settings, [(label, train config, impl)]) from `[config.py ...] [--key=value ...]`."""
-    argv = [a + "=True" if a in ("--compare", "--explain") else a for a in argv]
+    argv = [BARE_FLAGS.get(a, a) for a in argv]
     paths = [a for a in argv if not a.startswith("--")]
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
@@ -49,6 +69,14 @@ def parse_args(argv):
     impls = bench["impl"].split(",")
     if not set(impls) <= set(IMPLS):
         raise configurator.ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, got {bench['impl']!r}")
+    modes = [f"--{mode}" for mode in MODES if bench[mode]]
+    if len(modes) > 1:
+        raise configurator.ConfigError(f"{' and '.join(modes)} do not go together: pick one")
+    if bench["profile_trace"] and not bench["profile"]:
+        raise configurator.ConfigError("--profile_trace saves the trace of --profile: add --profile")
+    if bench["profile_trace"] and not os.path.isdir(os.path.dirname(os.path.abspath(bench["profile_trace"]))):
+        raise configurator.ConfigError(f"no directory for --profile_trace={bench['profile_trace']}: create it first")
+    bench["splits"] = parse_splits(bench["splits"]) if bench["splits"] else []
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in BENCH_DEFAULTS]
     runs = []
     for path in paths or [None]:
@@ -64,10 +92,30 @@ def parse_args(argv):
         label = os.path.basename(path)[:-3] if path else config["model_type"]
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
+    if bench["profile_trace"] and len(runs) > 1:
+        raise configurator.ConfigError("--profile_trace takes one config and one --impl (one trace per file)")
     return bench, runs
 
 
-def build(label, config, impl):
+def parse_splits(text):
+    """[(batch_size, gradient_accumulation_steps)] from '50x16,100x8', all with the same product."""
+    try:
+        splits = [tuple(int(n) for n in split.split("x")) for split in text.split(",")]
+    except ValueError:
+        splits = []
+    if not splits or any(len(split) != 2 or min(split) < 1 for split in splits):
+        raise configurator.ConfigError(f"write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; got {text!r}")
+    (b0, k0), *others = splits
+    for b, k in others:
+        if b * k != b0 * k0:
+            raise configurator.ConfigError(
+                f"split {b}x{k} trains on {b * k} sequences per optimizer step but {b0}x{k0} on {b0 * k0}: "
+                f"give splits of the same product"
+            )
+    return splits
+
+
+def build(label, config, impl, micro_steps=1):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast."""
     device = config["device"]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -83,7 +131,7 @@ def build(label, config, impl):
     y = torch.randint(config["vocab_size"], shape, device=device)
     return dict(label=label, config=config, impl=impl, device=device, dtype=dtype, autocast=autocast,
                 model=model, step_model=torch.compile(model) if config["compile"] else model,
-                optimizer=optimizer, x=x, y=y, times=[], peak_memory=0)
+                optimizer=optimizer, x=x, y=y, micro_steps=micro_steps, times=[], peak_memory=0)
 
 
 def sync(run):
@@ -92,16 +140,18 @@ def sync(run):
 
 
 def step(run):
-    """One timed training step; on CUDA also records the step's peak memory."""
+    """One timed optimizer step over run['micro_steps'] forward-backward passes of the batch
+    (one, except for --splits); on CUDA also records the step's peak memory."""
     model_future_attn.FUTURE_ATTN_IMPL = run["impl"]
     cuda = run["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(run["device"])
     sync(run)
     t0 = time.perf_counter()
-    with run["autocast"]:
-        _, loss, _ = run["step_model"](run["x"], run["y"])
-    loss.backward()
+    for _ in range(run["micro_steps"]):
+        with run["autocast"]:
+            _, loss, _ = run["step_model"](run["x"], run["y"])
+        (loss / run["micro_steps"]).backward()  # as in train.py: the gradients of the mean loss
     run["optimizer"].step()
     run["optimizer"].zero_grad(set_to_none=True)
     sync(run)
@@ -129,16 +179,18 @@ def time_runs(runs, bench):
         runs[0]["peak_memory"] = peak_rss() - rss_before
 
 
-def report(run, first=None):
+def report(run, bench, first=None):
     times = sorted(run["times"])
     dt = statistics.median(times)
     config = run["config"]
-    tokens = config["batch_size"] * config["block_size"]
+    sequences = config["batch_size"] * run["micro_steps"]  # per step
     line = (f"{run['label']:28s} {dt * 1000:9.1f} ms/iter (min {times[0] * 1000:.1f}, max {times[-1] * 1000:.1f})"
-            f" {tokens / dt:9.0f} tokens/s")
-    if run["device"].startswith("cuda"):
-        mfu = run["model"].estimate_mfu(config["batch_size"], dt, flops_promised=train.peak_flops(run["device"]))
+            f" {sequences * config['block_size'] / dt:9.0f} tokens/s")
+    if run["device"].startswith("cuda") and bench["peak_flops"]:
+        mfu = run["model"].estimate_mfu(sequences, dt, flops_promised=bench["peak_flops"])
         line += f"  MFU {mfu * 100:5.1f}%"
+    elif run["device"].startswith("cuda"):
+        line += "  MFU n/a"
     line += f"  peak memory {run['peak_memory'] / 2**20:8.1f} MiB" if run["peak_memory"] else "  peak memory n/a"
     if first is not None:
         ratios = [t / t0 for t, t0 in zip(run["times"], first["times"])]  # per round
@@ -156,35 +208,161 @@ def explain(run):
         print(f"  break: {reason.reason}")
 
 
-def sweep(run, bench):
-    """ms/iter and peak memory at each block_size of --sweep_block_size (T = block_size)."""
-    for block_size in [int(t) for t in bench["sweep_block_size"].split(",")]:
-        config = dict(run["config"], block_size=block_size)
-        torch._dynamo.reset()  # a fresh compile per length: no recompile limit, no dynamic shapes
+def time_each(run, bench, variants):
+    """Times each (label, config changes, micro-steps) of variants in turn, one model at a time."""
+    cuda = run["device"].startswith("cuda")
+    for i, (label, changes, micro_steps) in enumerate(variants):
+        torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no dynamic shapes
         try:
-            one = build(f"{run['label']} T={block_size}", config, run["impl"])
+            one = build(label, dict(run["config"], **changes), run["impl"], micro_steps=micro_steps)
             time_runs([one], bench)
-            report(one)
+            if not cuda and i > 0:
+                one["peak_memory"] = 0  # the process's peak RSS never falls: it measures the first variant only
+            report(one, bench)
         except torch.OutOfMemoryError:
-            print(f"{run['label']} T={block_size}: out of memory")
+            print(f"{label}: out of memory")
         one = None
-        if run["device"].startswith("cuda"):
+        if cuda:
             torch.cuda.empty_cache()
 
 
+def sweep(run, bench):
+    """ms/iter and peak memory at each block_size of --sweep_block_size (T = block_size)."""
+    block_sizes = [int(t) for t in bench["sweep_block_size"].split(",")]
+    time_each(run, bench, [(f"{run['label']} T={T}", dict(block_size=T), 1) for T in block_sizes])
+
+
+def splits(run, bench):
+    """ms per optimizer step, tokens/s and peak memory of each batch_size x accumulation split."""
+    (b0, k0), T = bench["splits"][0], run["config"]["block_size"]
+    print(f"{run['label']}: {b0 * k0 * T:,} tokens per optimizer step ({b0 * k0} sequences of {T}); "
+          f"an iter below is a whole optimizer step")
+    time_each(run, bench, [(f"{run['label']} {b}x{k}", dict(batch_size=b, gradient_accumulation_steps=k), k)
+                           for b, k in bench["splits"]])
+
+
+# --------------------------------------------------------------------------------------
+# profile: where a step's time goes
+
+KINDS = ("matmul", "attention", "head + loss", "norm + pointwise", "optimizer", "memory copies", "other")
+# (kind, pattern) for a lowercased CUDA kernel name (cuBLAS, FlashAttention, ATen, Triton
+# from torch.compile) or CPU op name (aten::...); the first pattern that matches wins
+KIND_PATTERNS = (
+    # autograd's bookkeeping around each backward op (the op's own work has its own name)
+    ("other", r"^autograd::|^torch::autograd::|backward\d+$"),
+    ("optimizer", r"adam|^optimizer\.|foreach|multi_tensor"),
+    ("head + loss", r"log_?softmax|nll_loss|cross_entropy"),
+    # torch.compile's Triton kernels: pointwise, reduction, persistent reduction (named after
+    # all the ops they fuse, so they may mention addmm or attention)
+    ("norm + pointwise", r"^triton_(poi|red|per)_"),
+    ("attention", r"flash|fmha|sdpa|scaled_dot_product|efficient_attention|flex_attention"),
+    ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitkreduce|(^|_|::)(mm|addmm|bmm|baddbmm|matmul|linear)(_|$)"),
+    ("memory copies", r"memcpy|memset|copy|clone|contiguous|fill|^aten::cat$"),
+    ("norm + pointwise", r"layer_norm|gammabeta|elementwise|reduce_kernel|softmax|"
+                         r"^aten::_?(add|sub|mul|div|neg|pow|sqrt|rsqrt|exp|log|tanh|gelu|where|sum|mean|norm|lerp)"),
+)
+TOP_KERNELS = 15
+
+
+def kind_of(name):
+    """The kind of work (one of KINDS) of a CUDA kernel or CPU op, from its name."""
+    name = name.lower()
+    for kind, pattern in KIND_PATTERNS:
+        if re.search(pattern, name):
+            return kind
+    return "other"
+
+
+def kind_of_op(event):
+    """A CPU op's kind: its outermost caller's with a kind other than 'other', so that the
+    fills inside the loss's backward count as loss and AdamW's plain aten ops as optimizer."""
+    kind = "other"
+    while event is not None:
+        caller_kind = kind_of(event.name)
+        kind = caller_kind if caller_kind != "other" else kind
+        event = event.cpu_parent
+    return kind
+
+
+def busy_time(intervals):
+    """The length of the union of (start, end) intervals: the time something ran."""
+    busy, reached = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        busy += max(0.0, end - max(start, reached))
+        reached = max(reached, end)
+    return busy
+
+
+def profile(run, bench):
+    """Traces bench['profile'] steps after the warm-up; prints the ms per step by kind."""
+    cuda = run["device"].startswith("cuda")
+    n = bench["profile"]
+    for _ in range(bench["warmup"]):
+        step(run)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        wall = sum(step(run) for _ in range(n)) * 1e3 / n  # ms per step; step() syncs before and after
+    events = prof.events()
+    if cuda:  # what the GPU ran: kernels, copies and fills
+        events = [e for e in events if e.device_type == DeviceType.CUDA]
+        work = [(e.name, kind_of(e.name), e.time_range.elapsed_us()) for e in events]
+    else:  # each op's time outside the ops it calls
+        work = [(e.name, kind_of_op(e), e.self_cpu_time_total) for e in events]
+    busy = busy_time([(e.time_range.start, e.time_range.end) for e in events]) / 1e3 / n
+    ms_by_kind, ms_by_name, calls = dict.fromkeys(KINDS, 0.0), collections.Counter(), collections.Counter()
+    for name, kind, us in work:
+        ms_by_kind[kind] += us / 1e3 / n
+        ms_by_name[name, kind] += us / 1e3 / n  # on a CPU, one op can do several kinds of work
+        calls[name, kind] += 1
+    gap = "host gaps (GPU idle)" if cuda else "outside ops (Python)"
+
+    config = run["config"]
+    print(f"{run['label']}: {n} steps traced, each forward and backward of batch {config['batch_size']} x "
+          f"{config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
+    print(f"  {'kind':24s} {'ms/step':>9s} {'%':>7s}")
+    for kind, ms in [*ms_by_kind.items(), (gap, wall - busy), ("total (wall)", wall)]:
+        print(f"  {kind:24s} {ms:9.2f} {ms / wall * 100:6.1f}%")
+    if sum(ms_by_kind.values()) > 1.01 * busy:
+        print(f"  note: work overlapped (streams or threads): the kinds add up to {sum(ms_by_kind.values()):.2f} "
+              f"ms but something ran during {busy:.2f} ms")
+    head = 6 * config["n_embd"] * config["vocab_size"] / run["model"].flops_per_token()
+    print(f"  the output head's matmuls, 6 x n_embd x vocab_size FLOPs per token, are {head * 100:.0f}% "
+          f"of the model's FLOPs; they count under matmul")
+    print(f"  top {TOP_KERNELS} {'kernels' if cuda else 'ops'} by time:")
+    print(f"  {'ms/step':>9s} {'calls/step':>10s}  {'kind':17s} name")
+    for (name, kind), ms in ms_by_name.most_common(TOP_KERNELS):
+        short = name if len(name) <= 90 else name[:87] + "..."
+        print(f"  {ms:9.2f} {calls[name, kind] / n:10.1f}  {kind:17s} {short}")
+    if bench["profile_trace"]:
+        root, ext = os.path.splitext(bench["profile_trace"])
+        prof.export_chrome_trace(f"{root}.tmp{ext}")
+        os.replace(f"{root}.tmp{ext}", bench["profile_trace"])  # whole or not at all
+        print(f"  trace written to {bench['profile_trace']} (open it in chrome://tracing or ui.perfetto.dev)")
+
+
 def main(argv):
+    if configurator.wants_help(argv):
+        print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
+        return 0
     try:
         bench, runs = parse_args(argv)
     except (configurator.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     device = runs[0][1]["device"]
+    cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {name}; warmup {bench['warmup']}, iters {bench['iters']}")
-    if bench["sweep_block_size"]:  # builds its own models, one block_size at a time
+    bench["peak_flops"] = train.peak_flops(device) if cuda else None
+    name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
+    print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")
+    if bench["sweep_block_size"] or bench["splits"]:  # they build their own models, one shape at a time
         for label, config, impl in runs:
-            sweep(dict(label=label, config=config, impl=impl, device=config["device"]), bench)
+            run = dict(label=label, config=config, impl=impl, device=config["device"])
+            if bench["sweep_block_size"]:
+                sweep(run, bench)
+            else:
+                splits(run, bench)
         return 0
     runs = [build(*run) for run in runs]
     for run in runs:
@@ -193,14 +371,17 @@ def main(argv):
     if bench["explain"]:
         for run in runs:
             explain(run)
+    elif bench["profile"]:
+        for run in runs:
+            profile(run, bench)
     elif bench["compare"]:
         time_runs(runs, bench)
         for run in runs:
-            report(run, first=runs[0])
+            report(run, bench, first=runs[0])
     else:
         for run in runs:
             time_runs([run], bench)
-            report(run)
+            report(run, bench)
     return 0
 
 

@@ -2,31 +2,46 @@
 Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nanoGPT layout).
 
     python prepare_wikipedia.py                          # download WikiText-103 raw (192 MB zip), tokenize all
-    python prepare_wikipedia.py --max_chars 178000000    # the seeds' size: 178 MB of text, about 40M train tokens
+    python prepare_wikipedia.py --split=writeup --out_dir data/writeup    # the write-ups' regime (see Split)
     python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip              # a zip you downloaded by hand
     python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw      # local text files, no network
+    python prepare_wikipedia.py --input notes.txt --val held_out.txt       # your own text, val named
     TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache python prepare_wikipedia.py --input my.txt   # offline tokenizer
 
 Writes to --out_dir (default data/wikipedia): train.bin, val.bin (read them with
-np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (vocab size, token and character
-counts, sha256 of each .bin, source). The zip is kept there too and reused on the next run.
+np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token and character counts,
+the largest token id and sha256 of each .bin, the source). The zip is kept there and reused.
 
 Documents: a WikiText article starts at a top-level heading line ` = Title = ` (section lines
 ` = = Section = = ` do not start one). Text without such headings is cut at the first blank line
 after 1M characters, and every file ends a document. Blank documents are dropped. Each document
-is followed by <|endoftext|> (50256), as in nanoGPT.
+is followed by <|endoftext|> (50256), as in nanoGPT. Input must be UTF-8 text: a file with a NUL or
+an undecodable byte is refused, naming the byte's offset.
 
-Split: the zip gives train = wiki.train.raw, val = wiki.valid.raw (wiki.test.raw is unused).
-With --input, files whose name contains "valid" are the val split; if there are none, the last
---val_fraction of all documents (at least one) go to val. --max_chars caps the training text only:
-it stops after the document that reaches the cap, so the last article is whole.
+Split --split=wikitext (default): train = wiki.train.raw, val = wiki.valid.raw (wiki.test.raw is
+unused). With --input, the --val files are val; without --val, an --input file named exactly
+wiki.valid.raw is; with neither, the last --val_fraction of all documents (at least one) go to val.
+--max_chars caps the training text only: it stops after the document that reaches the cap.
+
+Split --split=writeup: the write-ups' regime. They trained on 38,276,830 GPT-2 tokens of Wikipedia
+and validated on the 4,341,780 tokens that followed them in the same text, so a run of 9,000 steps
+of 160,000 tokens made about 37.6 passes over its training text. Here train = the first documents of
+wiki.train.raw (or of the --input files, in order) up to --train_tokens, cut at the document
+boundary nearest that count (ties take the document); val = the documents that follow, up to
+--val_tokens, cut the same way. Nothing past val is read.
+
+--detokenize (on by default with --split=writeup) undoes WikiText's tokenization marks
+(` @-@ `, a space before punctuation, ...) so the text reads as ordinary text; see detokenize().
 
 Every output is written under a temporary name and renamed when complete (meta.json last), so an
-interrupted run never leaves a half file under a final name.
+interrupted run never leaves a half file under a final name; a killed run's temporary files are
+removed by the next run.
 """
 import argparse
 import contextlib
 import datetime
+import fcntl
+import functools
 import hashlib
 import io
 import itertools
@@ -34,6 +49,7 @@ import json
 import multiprocessing
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -55,6 +71,10 @@ RETRY_WAIT_S = 2.0  # first wait between download attempts; doubles each time
 HEADING = re.compile(r"\s*= [^=].* =\s*")  # fullmatch: " = Title = " yes, " = = Section = = " no
 MAX_DOC_CHARS = 1_000_000  # bounds memory on text without headings
 BATCH_CHARS = 1_000_000  # characters per task sent to a tokenizer process
+OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a complete set
+WRITEUP_TRAIN_TOKENS = 38_276_830  # the write-ups' training text, in GPT-2 tokens
+WRITEUP_VAL_TOKENS = 4_341_780  # their val text, which followed the training text
+SEED_RUN_TOKENS = 9000 * 50 * 16 * 200  # max_iters × batch_size × accumulation × block_size = 1.44B
 
 
 class PrepareError(Exception):
@@ -81,12 +101,27 @@ class Progress:
 
 # --------------------------------------------------------------------------- download
 
+def request_problem(error, host):
+    """(a one-line reason, whether another attempt may succeed) for a failed request."""
+    causes = [error]  # requests wraps urllib3's error, which wraps the socket's: follow the chain
+    while causes[-1].__cause__ or causes[-1].__context__:
+        causes.append(causes[-1].__cause__ or causes[-1].__context__)
+    root = causes[-1]
+    if any(isinstance(cause, socket.gaierror) for cause in causes):
+        return f"cannot resolve the host name {host} ({root}): offline, or a wrong name", False
+    if isinstance(error, requests.exceptions.SSLError):
+        return f"SSL error ({root})", False
+    return f"{type(root).__name__}: {root}", True  # timeouts, refused or dropped connections, HTTP 5xx
+
+
 def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
-    """Stream url into the file part, resuming from its current size with an HTTP Range request."""
-    last_error = "no attempt made"
-    for attempt in range(retries):
-        if attempt:
-            time.sleep(RETRY_WAIT_S * 2 ** (attempt - 1))
+    """Stream url into the file part, resuming from its current size with an HTTP Range request.
+
+    Timeouts, dropped connections and server errors (5xx) are retried; an unknown host name, an SSL
+    failure or an HTTP 4xx answer would fail the same way again, so they raise PrepareError at once."""
+    host = urlparse(url).netloc
+    print(f"downloading {url}", file=sys.stderr)
+    for attempt in range(1, retries + 1):
         done = os.path.getsize(part) if os.path.exists(part) else 0
         if expected_size and done == expected_size:
             return  # complete already: a previous run stopped before the rename
@@ -98,9 +133,8 @@ def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
             with requests.get(url, headers=headers, stream=True, timeout=timeout) as response:
                 if response.status_code == 416:  # our .part is longer than the server's file
                     os.remove(part)
-                    last_error = "server rejected the resume range"
-                    continue
-                if 400 <= response.status_code < 500:  # retrying will not help
+                    raise requests.RequestException("server rejected the resume range; starting over")
+                if 400 <= response.status_code < 500:
                     raise PrepareError(f"HTTP {response.status_code} {response.reason}")
                 response.raise_for_status()  # 5xx: retried below
                 if response.status_code == 200:
@@ -116,13 +150,24 @@ def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
                         done += len(chunk)
                         mb_s = (done - start) / 1e6 / max(time.time() - progress.t0, 1e-9)
                         percent = f" {100 * done / total:5.1f}%" if total else ""
-                        progress.show(f"{urlparse(url).netloc}: {done / 1e6:.1f} MB{percent}, {mb_s:.1f} MB/s")
+                        progress.show(f"{host}: {done / 1e6:.1f} MB{percent}, {mb_s:.1f} MB/s")
             if total is None or done == total:
                 return
-            last_error = f"connection closed after {done:,} of {total:,} bytes"
+            problem, may_pass = f"connection closed after {done:,} of {total:,} bytes", True
+        except PrepareError as e:  # the server's answer will be the same next time
+            problem, may_pass = str(e), False
         except requests.RequestException as e:
-            last_error = str(e)
-    raise PrepareError(f"gave up after {retries} attempts: {last_error}")
+            problem, may_pass = request_problem(e, host)
+        wait = RETRY_WAIT_S * 2 ** (attempt - 1)
+        next_step = ("a retry cannot help" if not may_pass else "giving up" if attempt == retries
+                     else f"retrying in {wait:g} s")
+        print(f"{host}: attempt {attempt}/{retries} failed: {problem}; {next_step}", file=sys.stderr)
+        if not may_pass:
+            raise PrepareError(problem)
+        if attempt == retries:
+            raise PrepareError(f"gave up after {retries} attempts: {problem}")
+        time.sleep(wait)
+    raise PrepareError(f"no download attempt made (--retries {retries})")
 
 
 def check_zip(path, expected_size=None, delete_if_bad=True):
@@ -171,6 +216,32 @@ def fetch_zip(urls, path, expected_size, retries):
 
 # --------------------------------------------------------------------------- documents
 
+def text_lines(f, name):
+    """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r -> \\n).
+
+    Decoding line by line finds the byte offset of the first bad byte without a second pass; a NUL
+    counts as bad too, since text does not hold one and binary files do."""
+    offset = 0  # bytes of f before this line
+    for raw in f:
+        bad = raw.find(b"\0")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = e.start if bad < 0 else min(bad, e.start)
+        if bad >= 0 and raw[bad] == 0:
+            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
+                               "HINT: give text files only; if it is text, convert it to UTF-8 first")
+        if bad >= 0:
+            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is not UTF-8; "
+                               "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
+                               "for Latin-1 text, or leave it out")
+        if "\r" in line:
+            yield from io.StringIO(line, newline=None)  # splits at a lone \r and turns \r\n into \n
+        else:
+            yield line
+        offset += len(raw)
+
+
 def read_documents(lines):
     """Yield documents from text lines: a new one starts at each top-level ' = Title = ' heading."""
     doc, size = [], 0
@@ -189,18 +260,18 @@ def read_documents(lines):
 
 
 def file_documents(paths):
-    """Documents of several text files in order; undecodable bytes become U+FFFD."""
+    """Documents of several text files, in order."""
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            yield from read_documents(f)
+        with open(path, "rb") as f:
+            yield from read_documents(text_lines(f, path))
 
 
 def zip_documents(zip_path, member):
     """Documents of one wiki.*.raw file, decompressed as it is read."""
     with zipfile.ZipFile(zip_path) as zf:
         name = next(n for n in zf.namelist() if os.path.basename(n) == member)
-        with zf.open(name) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as f:
-            yield from read_documents(f)
+        with zf.open(name) as f:
+            yield from read_documents(text_lines(f, f"{zip_path}:{name}"))
 
 
 def cap_chars(docs, max_chars):
@@ -226,56 +297,188 @@ def batches(docs):
         yield batch
 
 
+def detokenize(text):
+    """WikiText's tokenized text back to ordinary text, line by line; for example
+
+         = Robert Boulter =                                 Robert Boulter
+         = = Early life = =                             ->  Early life
+         He had a guest @-@ starring role ( 2000 ) .        He had a guest-starring role (2000).
+         The show 's 1 @,@ 000 " best " of 3 @.@ 5 , and    The show's 1,000 "best" of 3.5, and
+
+    WikiText puts a space on both sides of every punctuation mark and one space at both ends of each
+    line; each rule below asks for that pattern, so ordinary prose and code pass through unchanged.
+    Text that itself spaces its punctuation that way (French `Attention !`, C's `a ? b : c`) would
+    be changed: leave --detokenize off for it.
+    """
+    text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)  # headings, any level
+    text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)  # the space at both ends of a line
+    text = re.sub(r" @([-,.])@ ", r"\1", text)  # inside words and numbers: guest-starring, 1,000, 3.5
+    text = re.sub(r'(?<!\S)" ([^"\n]*?) "(?!\S)', r'"\1"', text)  # a pair of double quotes
+    text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)  # clitics: it's, don't, they're
+    text = re.sub(r"(?<=s) '(?= )", "'", text)  # plural possessive: the players' union
+    text = re.sub(r"(?<!\S)\( ", "(", text)  # no space after an opening parenthesis
+    return re.sub(r" ([,.;:!?)])(?=\s|$)", r"\1", text)  # no space before punctuation
+
+
 # --------------------------------------------------------------------------- tokenize and write
 
-def encode_batch(docs):
-    """Worker: tokens of the documents, each followed by <|endoftext|>, plus their text sizes."""
+def encode_batch(docs, detokenize_first=False):
+    """Worker: for each document, its tokens followed by <|endoftext|>, and its characters and bytes."""
     enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it, so this loads once per process
-    ids = []
+    encoded = []
     for doc in docs:
-        ids.extend(enc.encode_ordinary(doc))
-        ids.append(enc.eot_token)
-    tokens = np.array(ids, dtype=np.uint32)
-    assert tokens.max() < 2**16, "GPT-2 token ids must fit in uint16"
-    n_bytes = sum(len(doc.encode("utf-8")) for doc in docs)
-    return tokens.astype(np.uint16), len(docs), sum(len(doc) for doc in docs), n_bytes
+        if detokenize_first:
+            doc = detokenize(doc)
+        tokens = np.array(enc.encode_ordinary(doc) + [enc.eot_token], dtype=np.uint32)
+        assert tokens.max() < 2**16, "GPT-2 token ids must fit in uint16"
+        encoded.append((tokens.astype(np.uint16), len(doc), len(doc.encode("utf-8"))))
+    return encoded
 
 
-def write_split(docs, path, imap, name):
-    """Tokenize docs (in order) and stream the tokens to path, hashing them as they go."""
-    stats = {"tokens": 0, "documents": 0, "chars": 0, "bytes": 0}
+def encoded_documents(docs, imap, detokenize_first):
+    """(tokens, chars, bytes) of each document, in order; imap tokenizes batches in parallel."""
+    encode = functools.partial(encode_batch, detokenize_first=detokenize_first)
+    for batch in imap(encode, batches(docs)):
+        yield from batch
+
+
+def write_split(encoded, path, name, tokens_asked=None):
+    """Stream encoded documents into path, hashing them as they go; return (stats, left over).
+
+    With tokens_asked it stops at the document boundary nearest that count (at least one document):
+    a document that would overshoot by more than stopping before it undershoots is left over, returned
+    unwritten in a list for the next split."""
+    stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
     sha = hashlib.sha256()
+    left_over = []
     with open(path, "wb") as f, Progress() as progress:
-        for tokens, n_docs, n_chars, n_bytes in imap(encode_batch, batches(docs)):
+        for tokens, n_chars, n_bytes in encoded:
+            if tokens_asked is not None and stats["documents"]:
+                undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
+                if stats["tokens"] + len(tokens) - tokens_asked > undershoot:
+                    left_over.append((tokens, n_chars, n_bytes))
+                    break
             buf = tokens.tobytes()
             f.write(buf)
             sha.update(buf)
             stats["tokens"] += len(tokens)
-            stats["documents"] += n_docs
+            stats["documents"] += 1
             stats["chars"] += n_chars
             stats["bytes"] += n_bytes
+            stats["max_token_id"] = max(stats["max_token_id"], int(tokens.max()))
             mb, seconds = stats["bytes"] / 1e6, max(time.time() - progress.t0, 1e-9)
-            progress.show(f"{name}: {mb:.1f} MB of text, {stats['tokens'] / 1e6:.2f}M tokens, "
+            of_asked = f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
+            progress.show(f"{name}: {mb:.1f} MB of text, {stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
                           f"{mb / seconds:.1f} MB/s")
-    if stats["documents"] == 0:
-        raise PrepareError(f"the {name} split has no text; HINT: give more text, or a file *valid* for val")
+            if tokens_asked is not None and stats["tokens"] >= tokens_asked:
+                break
     stats["sha256"] = sha.hexdigest()
-    return stats
+    return stats, left_over
 
 
-def input_splits(paths, val_fraction):
-    """(train docs, val docs) from local files: *valid* files are val, else the last documents."""
+def write_splits(train_docs, val_docs, temps, imap, detokenize_first, train_tokens, val_tokens):
+    """Tokenize and write both splits; val_docs None means val is the text that follows train."""
+    train_encoded = encoded_documents(train_docs, imap, detokenize_first)
+    train, left_over = write_split(train_encoded, temps["train.bin"], "train", train_tokens)
+    if train["documents"] == 0:
+        raise PrepareError("the train split has no text; HINT: give more text")
+    if val_docs is None:
+        val_encoded = itertools.chain(left_over, train_encoded)  # the same read goes on
+    else:
+        val_encoded = encoded_documents(val_docs, imap, detokenize_first)
+    val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", val_tokens)
+    if val_docs is None and val["documents"] == 0:
+        raise PrepareError(f"the text ran out: train took {train['tokens']:,} tokens ({train_tokens:,} asked) and "
+                           "left nothing for val; HINT: give more text, or lower --train_tokens")
+    if val["documents"] == 0:
+        raise PrepareError("the val split has no text; HINT: give more text, or name val files with --val")
+    if val_docs is None and val["tokens"] < val_tokens and not val_left_over:  # short, and nothing read past it
+        print(f"warning: the text ran out: val has {val['tokens']:,} of the {val_tokens:,} tokens asked "
+              f"(train has {train['tokens']:,} of {train_tokens:,})", file=sys.stderr)
+    return {"train": train, "val": val}
+
+
+def lock_out_dir(out_dir):
+    """Hold out_dir/prepare.lock while this run writes there (closing the file releases it), so a
+    second run cannot overwrite or clean up its files; the lock ends with its process, however it ends."""
+    lock = open(os.path.join(out_dir, "prepare.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                           "or pass another --out_dir") from None
+    return lock
+
+
+def remove_stale_temps(out_dir):
+    """Delete the temporary files of a run that was killed before it could clean up after itself."""
+    for name in OUTPUTS:
+        path = os.path.join(out_dir, name + ".tmp")
+        if os.path.exists(path):
+            os.remove(path)
+            print(f"removed {path}, left by an interrupted run")
+
+
+def prepare(train_docs, val_docs, out_dir, num_proc, settings, t0):
+    """Write train.bin, val.bin and meta.json into out_dir, each under a temporary name first.
+
+    settings: split, detokenize, train_tokens, val_tokens, max_chars and source (recorded in meta.json)."""
+    finals = {name: os.path.join(out_dir, name) for name in OUTPUTS}
+    temps = {name: path + ".tmp" for name, path in finals.items()}
+    try:
+        with multiprocessing.Pool(num_proc) if num_proc > 1 else contextlib.nullcontext() as pool:
+            imap = pool.imap if pool else map  # imap keeps the order and reads input as workers free up
+            splits = write_splits(cap_chars(train_docs, settings["max_chars"]), val_docs, temps, imap,
+                                  settings["detokenize"], settings["train_tokens"], settings["val_tokens"])
+        passes = SEED_RUN_TOKENS / splits["train"]["tokens"]
+        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
+                "split": settings["split"], "detokenize": settings["detokenize"], "source": settings["source"],
+                "max_chars": settings["max_chars"], "passes_in_1.44B_tokens": round(passes, 2), **splits,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        with open(temps["meta.json"], "w") as f:
+            json.dump(meta, f, indent=2)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(finals["meta.json"])  # meta.json is renamed last, so its presence marks a complete set
+        for name in OUTPUTS:
+            os.replace(temps[name], finals[name])
+    finally:
+        for path in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    seconds = time.time() - t0
+    mb = sum(s["bytes"] for s in splits.values()) / 1e6
+    tokens = sum(s["tokens"] for s in splits.values())
+    for name, s in splits.items():
+        asked = f" ({s['tokens_asked']:,} asked)" if s["tokens_asked"] else ""
+        print(f"{name}: {s['tokens']:,} tokens{asked}, {s['chars']:,} chars, {s['documents']:,} documents "
+              f"-> {finals[name + '.bin']}")
+    print(f"a run of {SEED_RUN_TOKENS / 1e9:.2f}B tokens (the write-ups' 9,000 steps) makes {passes:.1f} passes "
+          f"over this training text")
+    print(f"done in {seconds:.1f} s: {mb:.1f} MB of text at {mb / seconds:.1f} MB/s, "
+          f"{tokens / seconds / 1e6:.2f}M tokens/s")
+    return meta
+
+
+def check_files(paths):
+    """Raise PrepareError naming the first of paths that is not a file."""
     for path in paths:
         if not os.path.isfile(path):
             raise PrepareError(f"input file not found (or not a file): {path}; "
                                "HINT: check the path, or drop --input to download WikiText-103")
-    val_paths = [p for p in paths if "valid" in os.path.basename(p)]
+
+
+def input_splits(paths, val_paths, val_fraction):
+    """(train docs, val docs) from local files: the val files if named, else the last documents."""
+    if not val_paths:  # WikiText's own val file, named exactly; a substring like invalid.txt is not
+        val_paths = [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
+        paths = [p for p in paths if p not in val_paths]
     if val_paths:
-        return file_documents([p for p in paths if p not in val_paths]), file_documents(val_paths)
+        return file_documents(paths), file_documents(val_paths)
     n_docs = sum(1 for _ in file_documents(paths))  # a first pass finds where the last documents begin
     if n_docs < 2:
         raise PrepareError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold some "
-                           "out for val; HINT: start articles with ` = Title = ` lines, or add a file *valid*")
+                           "out for val; HINT: start articles with ` = Title = ` lines, or name val files with --val")
     n_train = n_docs - max(1, round(n_docs * val_fraction))
     docs = file_documents(paths)
     train_docs = itertools.islice(docs, n_train)
@@ -289,86 +492,107 @@ def rest_after(head, docs):
     yield from docs
 
 
-def prepare(train_docs, val_docs, out_dir, num_proc, source, max_chars, t0):
-    """Write train.bin, val.bin and meta.json into out_dir, each under a temporary name first."""
-    finals = {name: os.path.join(out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
-    temps = {name: path + ".tmp" for name, path in finals.items()}
+def check_settings(args):
+    """Refuse settings that contradict each other; fill in the defaults that depend on --split."""
+    writeup = args.split == "writeup"
+    if args.val and not args.input:
+        raise PrepareError("--val needs --input: it names the val files among local text")
+    both = {os.path.realpath(p) for p in args.input or []} & {os.path.realpath(p) for p in args.val or []}
+    if both:
+        raise PrepareError(f"{sorted(both)[0]} is given to both --input and --val; HINT: name each file once, "
+                           "the training text with --input, the val text with --val")
+    if writeup:
+        for flag, value in [("--val", args.val), ("--max_chars", args.max_chars),
+                            ("--val_fraction", args.val_fraction)]:
+            if value is not None:
+                raise PrepareError(f"{flag} does not apply to --split=writeup, which takes val from the text "
+                                   "that follows train; HINT: size the splits with --train_tokens and --val_tokens")
+    elif args.train_tokens is not None or args.val_tokens is not None:
+        raise PrepareError("--train_tokens and --val_tokens need --split=writeup")
+    for flag, value in [("--train_tokens", args.train_tokens), ("--val_tokens", args.val_tokens),
+                        ("--max_chars", args.max_chars), ("--num_proc", args.num_proc), ("--retries", args.retries)]:
+        if value is not None and value < 1:
+            raise PrepareError(f"{flag} must be 1 or more, got {value}")
+    if writeup and args.train_tokens is None:
+        args.train_tokens = WRITEUP_TRAIN_TOKENS
+    if writeup and args.val_tokens is None:
+        args.val_tokens = WRITEUP_VAL_TOKENS
+    if args.val_fraction is None:
+        args.val_fraction = 0.005
+    if not 0 < args.val_fraction < 1:
+        raise PrepareError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    if args.detokenize is None:
+        args.detokenize = writeup
+
+
+def run(args):
+    """Find the text that args name (downloading it if need be), then prepare it into args.out_dir."""
+    remove_stale_temps(args.out_dir)
     try:
-        with multiprocessing.Pool(num_proc) if num_proc > 1 else contextlib.nullcontext() as pool:
-            imap = pool.imap if pool else map  # imap keeps the order and reads input as workers free up
-            train_docs = cap_chars(train_docs, max_chars)
-            splits = {"train": write_split(train_docs, temps["train.bin"], imap, "train"),
-                      "val": write_split(val_docs, temps["val.bin"], imap, "val")}
-        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
-                "source": source, "max_chars": max_chars, **splits,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        with open(temps["meta.json"], "w") as f:
-            json.dump(meta, f, indent=2)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(finals["meta.json"])  # meta.json is renamed last, so its presence marks a complete set
-        for name in ("train.bin", "val.bin", "meta.json"):
-            os.replace(temps[name], finals[name])
-    finally:
-        for path in temps.values():
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-    seconds = time.time() - t0
-    mb = sum(s["bytes"] for s in splits.values()) / 1e6
-    tokens = sum(s["tokens"] for s in splits.values())
-    for name, s in splits.items():
-        print(f"{name}: {s['tokens']:,} tokens, {s['chars']:,} chars, {s['documents']:,} documents "
-              f"-> {finals[name + '.bin']}")
-    print(f"done in {seconds:.1f} s: {mb:.1f} MB of text at {mb / seconds:.1f} MB/s, "
-          f"{tokens / seconds / 1e6:.2f}M tokens/s")
-    return meta
+        tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
+    except Exception as e:
+        raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads it once; offline, "
+                           "point TIKTOKEN_CACHE_DIR at a filled cache, e.g. ../shared/tiktoken_cache")
+    t0 = time.time()
+    if args.input:
+        check_files(args.input + (args.val or []))
+        source = {"input": args.input, "val": args.val} if args.val else args.input
+        if args.split == "writeup":
+            train_docs, val_docs = file_documents(args.input), None
+        else:
+            train_docs, val_docs = input_splits(args.input, args.val, args.val_fraction)
+    else:
+        if args.zip:
+            if not os.path.isfile(args.zip):
+                raise PrepareError(f"zip not found: {args.zip}; HINT: check the path, or drop --zip")
+            check_zip(args.zip, delete_if_bad=False)
+            zip_path = source = args.zip
+        else:
+            urls = [args.url] if args.url else WIKITEXT_URLS
+            name = os.path.basename(urlparse(urls[0]).path) or "download.zip"
+            expected_size = None if args.url else WIKITEXT_SIZE
+            zip_path = fetch_zip(urls, os.path.join(args.out_dir, name), expected_size, args.retries)
+            source = {"zip": zip_path, "urls": urls}
+            t0 = time.time()  # the summary's speed is that of the text work, not of the download
+        train_docs = zip_documents(zip_path, "wiki.train.raw")
+        val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
+    settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
+                "val_tokens": args.val_tokens, "max_chars": args.max_chars, "source": source}
+    return prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", choices=["wikitext", "writeup"], default="wikitext",
+                        help="wikitext: WikiText's own train and val files; writeup: the write-ups' token counts")
     parser.add_argument("--input", nargs="+", help="local text files to use instead of the download")
+    parser.add_argument("--val", nargs="+", help="with --input: the files of the val split")
     parser.add_argument("--zip", help="a WikiText-103 raw zip already on disk")
     parser.add_argument("--url", help="download the zip from here (size checked only if the server sends one)")
     parser.add_argument("--out_dir", default="data/wikipedia", help="gets train.bin, val.bin, meta.json and the zip")
-    parser.add_argument("--max_chars", type=int, help="cap on the training text; 178000000 = the seeds' size")
-    parser.add_argument("--val_fraction", type=float, default=0.005,
-                        help="with --input and no *valid* file: share of documents, taken from the end, for val")
+    parser.add_argument("--detokenize", action=argparse.BooleanOptionalAction,
+                        help="undo WikiText's tokenization marks (default: on with --split=writeup, else off)")
+    parser.add_argument("--train_tokens", type=int,
+                        help=f"--split=writeup: training tokens (default {WRITEUP_TRAIN_TOKENS:,})")
+    parser.add_argument("--val_tokens", type=int, help=f"--split=writeup: val tokens (default {WRITEUP_VAL_TOKENS:,})")
+    parser.add_argument("--max_chars", type=int, help="--split=wikitext: a cap on the characters of the training text")
+    parser.add_argument("--val_fraction", type=float,
+                        help="with --input and no val file: share of documents, taken from the end, for val "
+                             "(default 0.005)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--retries", type=int, default=5, help="download attempts per URL")
     args = parser.parse_args(argv)
-    if not 0 < args.val_fraction < 1:
-        parser.error("--val_fraction must be between 0 and 1")
     try:
+        check_settings(args)
         try:
             os.makedirs(args.out_dir, exist_ok=True)
             with tempfile.TemporaryFile(dir=args.out_dir):
                 pass
         except OSError as e:
             raise PrepareError(f"cannot write to {args.out_dir} ({e}); HINT: pass --out_dir DIR somewhere writable")
-        try:
-            tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
-        except Exception as e:
-            raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads it once; offline, "
-                               "point TIKTOKEN_CACHE_DIR at a filled cache, e.g. ../shared/tiktoken_cache")
-        t0 = time.time()
-        if args.input:
-            source = args.input
-            train_docs, val_docs = input_splits(args.input, args.val_fraction)
-        else:
-            if args.zip:
-                if not os.path.isfile(args.zip):
-                    raise PrepareError(f"zip not found: {args.zip}; HINT: check the path, or drop --zip")
-                check_zip(args.zip, delete_if_bad=False)
-                zip_path = source = args.zip
-            else:
-                urls = [args.url] if args.url else WIKITEXT_URLS
-                name = os.path.basename(urlparse(urls[0]).path) or "download.zip"
-                expected_size = None if args.url else WIKITEXT_SIZE
-                zip_path = fetch_zip(urls, os.path.join(args.out_dir, name), expected_size, args.retries)
-                source = {"zip": zip_path, "urls": urls}
-                t0 = time.time()  # the summary's speed is that of the text work, not of the download
-            train_docs = zip_documents(zip_path, "wiki.train.raw")
-            val_docs = zip_documents(zip_path, "wiki.valid.raw")
-        return prepare(train_docs, val_docs, args.out_dir, args.num_proc, source, args.max_chars, t0)
+        with lock_out_dir(args.out_dir):
+            return run(args)
     except PrepareError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import bench
 import sample
 import train
 from test_train import REPO, TINY, VOCAB, config_for, data_dir, flags, one_thread, read_log  # noqa: F401
@@ -257,6 +258,7 @@ def test_gpu_config_on_a_cpu_says_it_will_be_slow(capsys):
 @pytest.mark.parametrize("main, doc_line, key", [
     (train.main, "Trains one of the three models", "--learning_rate=0.0009"),
     (sample.main, "Samples text from a model", "--max_new_tokens=200"),
+    (bench.main, "Times one training step", "--iters=20"),
 ])
 def test_help_prints_usage_and_keys(main, doc_line, key, capsys):
     assert main(["--help"]) == 0

@@ -1,10 +1,14 @@
 """
 Tests for prepare_wikipedia.py: documents and splits on local text, the --max_chars cap, the
-download against a local HTTP server (resume, servers that ignore Range, bad zips, errors),
-and that an interrupted run leaves no output under the final names.
+write-ups' split (cut at the nearest document boundary), the WikiText detokenizer, refusing
+binary input, the download against a local HTTP server (resume, servers that ignore Range, bad
+zips, errors that are and are not retried), and that an interrupted run leaves no output under
+the final names.
 
     TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache python -m pytest test_prepare.py
 """
+import argparse
+import contextlib
 import hashlib
 import http.server
 import json
@@ -20,6 +24,8 @@ import pytest
 import tiktoken
 
 import prepare_wikipedia as pw
+
+REPO = os.path.dirname(os.path.abspath(__file__))
 
 try:
     ENC = tiktoken.get_encoding("gpt2")
@@ -47,6 +53,11 @@ def read_docs(path):
             docs.append(ENC.decode(tokens[start:i]))
             start = i + 1
     return docs
+
+
+def outputs(out_dir):
+    """The files a run left in out_dir, but for the lock it holds while it runs."""
+    return sorted(name for name in os.listdir(out_dir) if name != "prepare.lock")
 
 
 def exit_message(argv):
@@ -84,8 +95,11 @@ def test_input_round_trip(tmp_path, val_fraction, n_val):
         assert meta[split]["sha256"] == hashlib.sha256(data).hexdigest()
         assert meta[split]["chars"] == sum(len(d) for d in docs)
         assert meta[split]["documents"] == len(docs)
+        assert meta[split]["max_token_id"] == max(np.frombuffer(data, dtype=np.uint16))
+    assert meta["split"] == "wikitext" and meta["detokenize"] is False  # WikiText's text as it is, by default
+    assert meta["passes_in_1.44B_tokens"] == round(1_440_000_000 / meta["train"]["tokens"], 2)
     assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2" and meta["source"] == paths
-    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
 
 
 def test_parallel_matches_serial(tmp_path, monkeypatch):
@@ -118,6 +132,30 @@ def test_valid_file_is_val(tmp_path):
     assert read_docs(out / "val.bin") == ARTICLES[7:]
 
 
+def test_val_files_are_named_not_guessed(tmp_path):
+    first, second, held_out = write_files(tmp_path, [ARTICLES[:4], ARTICLES[4:7], ARTICLES[7:]])
+    invalid = tmp_path / "invalid.txt"  # holds "valid" in its name, and is still training text
+    os.replace(second, invalid)
+    out = tmp_path / "out"
+    meta = pw.main(["--input", first, str(invalid), "--val", held_out, "--out_dir", str(out), "--num_proc", "1"])
+    assert read_docs(out / "train.bin") == ARTICLES[:7]
+    assert read_docs(out / "val.bin") == ARTICLES[7:]
+    assert meta["source"] == {"input": [first, str(invalid)], "val": [held_out]}
+    # without --val, invalid.txt stays train: val is the last documents
+    pw.main(["--input", first, str(invalid), "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2"])
+    assert read_docs(out / "train.bin") == ARTICLES[:6] and read_docs(out / "val.bin") == ARTICLES[6:7]
+
+
+def test_lines_read_as_text_mode_reads_them(tmp_path):
+    path = tmp_path / "newlines.txt"
+    path.write_bytes(b"unix\nwindows\r\nold mac\rcaf\xc3\xa9\nno newline at the end")
+    with open(path, encoding="utf-8") as f:  # text mode: the reference
+        expected = list(f)
+    with open(path, "rb") as f:
+        assert list(pw.text_lines(f, str(path))) == expected == [
+            "unix\n", "windows\n", "old mac\n", "café\n", "no newline at the end"]
+
+
 def test_document_boundaries(monkeypatch):
     lines = "".join(ARTICLES[:3]).splitlines(keepends=True)
     assert list(pw.read_documents(lines)) == ARTICLES[:3]  # ` = = History = = ` starts no document
@@ -127,7 +165,210 @@ def test_document_boundaries(monkeypatch):
     assert list(pw.read_documents("".join(paragraphs).splitlines(keepends=True))) == paragraphs
 
 
+# --------------------------------------------------------------------------- detokenize
+
+WIKITEXT_LINES = [  # lines as WikiText-103 writes them: a space at both ends, around every mark
+    " = Robert Boulter = \n",
+    " \n",
+    " Robert Boulter is an English film , television and theatre actor . He had a guest @-@ starring role on "
+    "the television series The Bill in 2000 . \n",
+    " \n",
+    " = = Career = = \n",
+    " = = = 2000 – 2005 = = = \n",
+    " In 2006 Boulter starred as \" Stuart \" in the film Coming Soon ( born 1984 ) ; he portrayed \" Scott "
+    "Parry \" in the episode , \" In Safe Hands \" . \n",
+    " The film 's budget rose from 1 @,@ 000 to 3 @.@ 5 million . It didn 't sell ! Why ? The players ' "
+    "union : they 're sure . \n",
+]
+PLAIN_LINES = [
+    "Robert Boulter\n",
+    "\n",
+    "Robert Boulter is an English film, television and theatre actor. He had a guest-starring role on "
+    "the television series The Bill in 2000.\n",
+    "\n",
+    "Career\n",
+    "2000 – 2005\n",
+    "In 2006 Boulter starred as \"Stuart\" in the film Coming Soon (born 1984); he portrayed \"Scott "
+    "Parry\" in the episode, \"In Safe Hands\".\n",
+    "The film's budget rose from 1,000 to 3.5 million. It didn't sell! Why? The players' "
+    "union: they're sure.\n",
+]
+
+
+@pytest.mark.parametrize("wikitext, plain", zip(WIKITEXT_LINES, PLAIN_LINES))
+def test_detokenize_wikitext_lines(wikitext, plain):
+    assert pw.detokenize(wikitext) == plain
+
+
+def test_detokenize_a_whole_document():
+    assert pw.detokenize("".join(WIKITEXT_LINES)) == "".join(PLAIN_LINES)
+
+
+def test_detokenize_leaves_ordinary_text_unchanged():
+    text = (
+        "# Notes on the 1984 season\n"
+        "\n"
+        "Boulter (born 1984) said \"it's fine,\" then left; the players' union didn't agree! Why? Costs rose\n"
+        "from 1,000 to 3.5 million (about 12%), i.e. a lot: see https://example.org/a?b=c&d=e. Mr. O'Brien's\n"
+        "'rock 'n' roll' era, the '90s, and == Section == in wiki markup stay as they are.\n"
+        "    def f(x, y):  # indented code\n"
+        "        return {\"a\": x[0], 'b': y.get(1, None)} if x else (y or [])\n"
+        "  two leading spaces, a tab\there, and an empty line:\n"
+        "\n"
+        "last line without a newline; path ./data/train.bin, version 2.0.1, 3 - 2 = 1")
+    assert pw.detokenize(text) == text
+
+
+def test_detokenize_flag(tmp_path):
+    paths = write_files(tmp_path, [ARTICLES])
+    for flags, detokenized in [([], False), (["--detokenize"], True)]:
+        out = tmp_path / str(detokenized)
+        meta = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2", *flags])
+        expected = [pw.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
+        assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == expected
+        assert meta["detokenize"] is detokenized
+    assert pw.detokenize(ARTICLES[0]) != ARTICLES[0]  # the flag made a difference
+
+
+# --------------------------------------------------------------------------- the write-ups' split
+
+def nearest_boundary(counts, target):
+    """Slow reference: how many documents (at least one) hold nearest target tokens; ties take more."""
+    totals = np.cumsum(counts)
+    return min(range(1, len(counts) + 1), key=lambda k: (abs(totals[k - 1] - target), -k))
+
+
+def test_write_split_stops_at_the_nearest_boundary(tmp_path):
+    counts = [5, 3, 8, 1, 6, 4]
+    ids = [3, 9, 1, 4, 2, 8]  # each document repeats one token id
+    encoded = [(np.full(n, i, dtype=np.uint16), 10 * n, 20 * n) for i, n in zip(ids, counts)]
+    for target in range(1, sum(counts) + 3):
+        stats, left_over = pw.write_split(iter(encoded), tmp_path / "split.bin", "train", target)
+        k = nearest_boundary(counts, target)
+        assert stats["documents"] == k, target
+        assert stats["tokens"] == sum(counts[:k]) and stats["tokens_asked"] == target
+        assert stats["chars"] == 10 * stats["tokens"] and stats["max_token_id"] == max(ids[:k])
+        assert (tmp_path / "split.bin").read_bytes() == np.concatenate([e[0] for e in encoded[:k]]).tobytes()
+        reached = sum(counts[:k]) >= target  # stopped on reaching the count, or before a document that overshoots
+        assert [doc[0].tolist() for doc in left_over] == ([] if reached or k == len(counts) else
+                                                         [encoded[k][0].tolist()])
+
+
+def token_counts(docs, detokenized=True):
+    """Tokens of each document (detokenized or as it is), <|endoftext|> included."""
+    return [len(ENC.encode_ordinary(pw.detokenize(doc) if detokenized else doc)) + 1 for doc in docs]
+
+
+@pytest.mark.parametrize("num_proc", ["1", "2"])
+def test_writeup_split(tmp_path, monkeypatch, num_proc):
+    monkeypatch.setattr(pw, "BATCH_CHARS", 150)  # several batches, so the cut falls inside one
+    paths = write_files(tmp_path, [[" \n"] + ARTICLES[:3], ARTICLES[3:]])  # documents run on across files
+    counts = token_counts(ARTICLES)
+    totals = np.cumsum(counts)
+    train_tokens = int(totals[3]) + 2  # just past 4 documents: the boundary after the 4th is nearest
+    val_tokens = counts[4] + counts[5] - 1  # just short of 2 documents
+    out = tmp_path / "out"
+    meta = pw.main(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
+                    "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
+    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
+    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
+    assert meta["split"] == "writeup" and meta["detokenize"] is True and meta["max_chars"] is None
+    for split, tokens, asked in [("train", totals[3], train_tokens), ("val", counts[4] + counts[5], val_tokens)]:
+        data = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
+        assert meta[split]["tokens"] == tokens == len(data) and meta[split]["tokens_asked"] == asked
+        assert meta[split]["max_token_id"] == data.max() == ENC.eot_token
+    assert meta["passes_in_1.44B_tokens"] == round(1_440_000_000 / totals[3], 2)
+    assert json.loads((out / "meta.json").read_text()) == meta
+
+
+def test_writeup_split_from_the_zip_ignores_wiki_valid(tmp_path):
+    zip_path = tmp_path / "wt.zip"
+    zip_path.write_bytes(wikitext_zip(tmp_path))  # train.raw: ARTICLES[:8], valid.raw: ARTICLES[8:]
+    counts = token_counts(ARTICLES, detokenized=False)
+    out = tmp_path / "out"
+    meta = pw.main(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--out_dir", str(out),
+                    "--num_proc", "1", "--train_tokens", str(sum(counts[:2])), "--val_tokens", str(counts[2])])
+    assert read_docs(out / "train.bin") == ARTICLES[:2] and read_docs(out / "val.bin") == [ARTICLES[2]]
+    assert meta["detokenize"] is False and meta["source"] == str(zip_path)
+
+
+def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
+    paths = write_files(tmp_path, [ARTICLES[:3]])
+    counts = token_counts(ARTICLES[:3])
+    out = tmp_path / "out"
+    meta = pw.main(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", "1",
+                    "--train_tokens", str(counts[0]), "--val_tokens", "100000"])
+    assert meta["val"]["tokens"] == counts[1] + counts[2] and meta["val"]["documents"] == 2
+    assert (f"warning: the text ran out: val has {counts[1] + counts[2]:,} of the 100,000 tokens asked"
+            in capsys.readouterr().err)
+    # train takes everything: no val at all is an error, and nothing is written
+    message = exit_message(["--split=writeup", "--input", *paths, "--out_dir", str(tmp_path / "none"),
+                            "--num_proc", "1", "--train_tokens", "100000"])
+    assert f"train took {sum(counts):,} tokens (100,000 asked)" in message and "--train_tokens" in message
+    assert outputs(tmp_path / "none") == []
+
+
+def test_writeup_defaults_are_the_write_ups_counts():
+    args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
+                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None)
+    pw.check_settings(args)
+    assert (args.train_tokens, args.val_tokens, args.detokenize) == (38_276_830, 4_341_780, True)
+    assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--split=writeup", "--max_chars", "1000"], "--max_chars does not apply to --split=writeup"),
+    (["--split=writeup", "--val", "v.txt"], "--val does not apply to --split=writeup"),
+    (["--split=writeup", "--val_fraction", "0.1"], "--val_fraction does not apply to --split=writeup"),
+    (["--train_tokens", "1000"], "need --split=writeup"),
+    (["--split=writeup", "--val_tokens", "0"], "--val_tokens must be 1 or more"),
+    (["--val_fraction", "1.5"], "--val_fraction must be between 0 and 1"),
+])
+def test_settings_that_contradict(tmp_path, flags, problem):
+    path, = write_files(tmp_path, [ARTICLES])
+    message = exit_message(["--input", path, "--out_dir", str(tmp_path / "out"), *flags])
+    assert message.startswith("error: ") and problem in message and "\n" not in message
+    assert "--val needs --input" in exit_message(["--val", path, "--out_dir", str(tmp_path / "out")])
+    message = exit_message(["--input", path, "--val", str(tmp_path / "." / "part0.txt"), "--out_dir", str(tmp_path)])
+    assert "given to both --input and --val" in message  # a document in both splits would flatter val
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        pw.main(["--help"])
+    assert e.value.code == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage:") and "--split" in usage and "--no-detokenize" in usage
+
+
+# --------------------------------------------------------------------------- input that is not text
+
+@pytest.mark.parametrize("bad_bytes, what", [(b"\xff\xfe", "not UTF-8"), (b"\x00", "a NUL"),
+                                            (b"caf\xe9", "not UTF-8")])  # latin-1 é
+@pytest.mark.parametrize("num_proc", ["1", "2"])
+def test_input_that_is_not_utf8_text_is_refused(tmp_path, bad_bytes, what, num_proc):
+    good, = write_files(tmp_path, [ARTICLES[:5]])
+    head = "".join(ARTICLES[5:7]).encode("utf-8")  # whole documents before the bad byte
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(head + b" = Broken = \n" + bad_bytes + b" text\n" + "".join(ARTICLES[7:]).encode("utf-8"))
+    offset = len(head) + len(b" = Broken = \n") + bad_bytes.find(b"\xe9" if bad_bytes == b"caf\xe9" else bad_bytes[:1])
+    out = tmp_path / "out"
+    for flags in (["--val_fraction", "0.2"], ["--split=writeup", "--train_tokens", "100000"]):  # a first pass, a pool
+        message = exit_message(["--input", good, str(bad), "--out_dir", str(out), "--num_proc", num_proc, *flags])
+        assert f"{bad} is not UTF-8 text: byte {offset:,}" in message and what in message
+        assert "convert it to UTF-8" in message and "\n" not in message
+        assert outputs(out) == []
+
+
+def test_bad_byte_offset_counts_earlier_lines(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_bytes("é\n".encode("utf-8") * 1000 + b"ok\x80\n")  # 3 bytes a line before it
+    with open(path, "rb") as f, pytest.raises(pw.PrepareError, match="byte 3,002 \\(0x80\\) is not UTF-8"):
+        list(pw.text_lines(f, str(path)))
+
+
 # --------------------------------------------------------------------------- errors and interruption
+
 
 def test_missing_input(tmp_path):
     message = exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(tmp_path / "out")])
@@ -148,16 +389,56 @@ def test_too_little_text_and_unwritable_out_dir(tmp_path):
     assert "cannot write" in exit_message(["--input", one, "--out_dir", os.path.join(one, "sub")])
 
 
+def test_stale_temporary_files_are_removed(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = ["train.bin.tmp", "val.bin.tmp", "meta.json.tmp"]  # what a killed run leaves behind
+    kept = ["wikitext-103-raw-v1.zip.part", "notes.tmp"]  # a download to resume, and a file of the user's
+    for name in stale + kept:
+        (out / name).write_bytes(b"left over")
+    exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(out)])  # even a run that fails early
+    assert outputs(out) == sorted(kept)
+    printed = capsys.readouterr().out
+    assert all(f"removed {out / name}, left by an interrupted run" in printed for name in stale)
+
+
+LOCK_HOLDER = """
+import sys, time
+import prepare_wikipedia as pw
+lock = pw.lock_out_dir(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_on_a_busy_out_dir_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.bin.tmp").write_bytes(b"being written by the first run")
+    (path,) = write_files(tmp_path, [ARTICLES])
+    argv = ["--input", str(path), "--out_dir", str(out), "--num_proc", "1"]
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert "is in use by another prepare_wikipedia.py" in exit_message(argv)
+        assert (out / "train.bin.tmp").read_bytes() == b"being written by the first run"  # not cleaned away
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs, the lock ends with the process all the same
+        holder.wait()
+    pw.main(argv)
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
+
+
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
 def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
     monkeypatch.setattr(pw, "BATCH_CHARS", 1)  # one document per batch
     real_encode_batch, calls = pw.encode_batch, []
 
-    def failing_encode_batch(docs):
+    def failing_encode_batch(docs, **kwargs):
         calls.append(docs)
         if len(calls) == 4:
             raise crash("simulated crash mid-tokenization")
-        return real_encode_batch(docs)
+        return real_encode_batch(docs, **kwargs)
 
     monkeypatch.setattr(pw, "encode_batch", failing_encode_batch)
     paths = write_files(tmp_path, [ARTICLES])
@@ -169,20 +450,21 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
         with pytest.raises(RuntimeError):
             pw.main(argv)
     assert len(calls) == 4
-    assert os.listdir(out) == []  # no final files, and no temporary ones left behind
+    assert outputs(out) == []  # no final files, and no temporary ones left behind
 
 
 # --------------------------------------------------------------------------- download
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Serves server.files, honouring Range unless told not to; logs (path, Range, User-Agent)."""
+    """Serves server.files (bytes, or an HTTP error code), honouring Range unless told not to; logs
+    (path, Range, User-Agent)."""
 
     def do_GET(self):
         server = self.server
         server.log.append((self.path, self.headers.get("Range"), self.headers.get("User-Agent")))
-        data = server.files.get(self.path)
-        if data is None:
-            self.send_error(404)
+        data = server.files.get(self.path, 404)
+        if isinstance(data, int):
+            self.send_error(data)
             return
         start = 0
         if self.headers.get("Range") and server.honor_range:
@@ -279,7 +561,7 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
     out = tmp_path / "out"
     message = exit_message(["--url", url(server, "/bad.zip"), "--out_dir", str(out), "--num_proc", "1"])
     assert "not a valid zip" in message and "deleted" in message and "--zip" in message
-    assert os.listdir(out) == []
+    assert outputs(out) == []
     # a truncated download: wrong size when the size is known, a broken zip when it is not
     data = wikitext_zip(tmp_path)
     for expected_size, problem in [(len(data), "expected"), (None, "not a valid zip")]:
@@ -310,3 +592,64 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=1)
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert open(path, "rb").read() == data
+
+
+def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    server.files["/busy.zip"] = 503
+    with pytest.raises(pw.PrepareError, match="gave up after 3 attempts: HTTPError: 503"):
+        pw.download(url(server, "/busy.zip"), str(tmp_path / "busy.zip.part"), retries=3)
+    assert len(server.log) == 3
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"downloading {url(server, '/busy.zip')}"
+    host = f"127.0.0.1:{server.server_port}"
+    assert [line.split(" failed: ")[0] for line in lines[1:]] == [f"{host}: attempt {i}/3" for i in (1, 2, 3)]
+    assert lines[1].endswith("retrying in 0 s") and lines[3].endswith("giving up")
+
+
+def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    real_getaddrinfo, lookups = socket.getaddrinfo, []
+
+    def getaddrinfo(host, *args, **kwargs):  # what a resolver answers for .invalid, without asking one
+        if host.endswith(".invalid"):
+            lookups.append(host)
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
+    urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
+    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=5)
+    assert open(path, "rb").read() == data
+    assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
+    failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
+    assert failure == ["nonexistent.invalid: attempt 1/5 failed: cannot resolve the host name nonexistent.invalid "
+                       "([Errno -2] Name or service not known): offline, or a wrong name; a retry cannot help"]
+
+
+def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    connections, done = [], threading.Event()
+
+    def answer_in_plain_text():  # an HTTP server where the URL promises HTTPS: the TLS handshake fails
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = listener.accept()
+                connections.append(conn)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+                conn.close()
+
+    thread = threading.Thread(target=answer_in_plain_text, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(pw.PrepareError, match="SSL error"):
+            pw.download(f"https://127.0.0.1:{listener.getsockname()[1]}/wt.zip", str(tmp_path / "wt.zip.part"),
+                        retries=3)
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        listener.close()
+    assert len(connections) == 1  # one attempt only

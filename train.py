@@ -91,7 +91,16 @@ CHECKPOINT_FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout 
 CHECKPOINT_KEYS = ("format", "model_type", "model_args", "model", "optimizer", "scaler",
                    "config", "iter_num", "best_val_loss", "rng")
 EVAL_SEED_OFFSET = 1_000_000  # eval batches use seed + this, a seed no rank trains with
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, for MFU
+# dense bf16 tensor-core FLOP/s (without 2:4 sparsity) for MFU, by a part of the name that
+# torch.cuda.get_device_name reports, any case; the first match wins, so variants come first
+PEAK_FLOPS = (
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
+    ("H200 NVL", 835e12),
+    ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
+    ("A100", 312e12),  # SXM and PCIe alike
+)
 
 
 class TrainError(Exception):
@@ -487,12 +496,13 @@ def warn_if_slow_on_cpu(config, flops_per_iter):
 
 
 def peak_flops(device):
+    """The GPU's peak FLOP/s from PEAK_FLOPS; None (no MFU) for a GPU not listed there."""
     name = torch.cuda.get_device_name(device)
-    for gpu, flops in PEAK_FLOPS.items():
-        if gpu in name:
+    for part, flops in PEAK_FLOPS:
+        if part.lower() in name.lower():
             return flops
-    print(f"note: MFU of {name} is reported against the A100's 312 TFLOP/s")
-    return PEAK_FLOPS["A100"]
+    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in train.py")
+    return None
 
 
 # --------------------------------------------------------------------------------------
