@@ -5,13 +5,41 @@ Compares training runs in a table like the write-ups', from each out_dir/log.jso
     python report.py out-* --plot losses.png     # loss curves too (needs matplotlib)
 
 Train and val loss are the last eval-mode estimates; "aux" is the last logged auxiliary
-loss (unscaled); wall time adds up the time of every launch of the run.
+loss (unscaled); wall time adds up the time of every launch of the run. A run that trains
+the model of a seed config (config/<name>.py) gets a second line with the write-up's
+published numbers for that config.
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
+
+import train
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+# The write-ups' published results (seeds 000 and 001; SPEC.md): eval-mode train and val
+# loss after 9000 steps of 160,000 tokens on their Wikipedia text, the unscaled auxiliary
+# loss of the last step (None: the model has none), and the parameter count.
+WRITEUP = {
+    "baseline": dict(train=2.937, val=3.424, aux=None, params=16_036_800),
+    "smaller_baseline": dict(train=2.958, val=3.416, aux=None, params=15_441_192),
+    "dropout02_baseline": dict(train=3.174, val=3.406, aux=None, params=16_036_800),
+    "future50_cosine": dict(train=3.017, val=3.423, aux=0.2589, params=15_817_248),
+    "future50_mse": dict(train=3.017, val=3.419, aux=0.07681, params=15_817_248),
+    "future100_mse": dict(train=3.025, val=3.421, aux=0.08633, params=15_817_248),
+    "encdec_cosine": dict(train=2.993, val=3.387, aux=8.564e-9, params=15_763_500),
+    "encdec_mse": dict(train=2.998, val=3.385, aux=4.138e-9, params=15_763_500),
+    "encdec_plain": dict(train=3.043, val=3.413, aux=None, params=15_763_200),
+    "encdec_possub": dict(train=2.979, val=3.381, aux=None, params=15_763_200),
+    "encdec_mse_possub": dict(train=2.982, val=3.378, aux=4.673e-9, params=15_763_500),
+}
+# the settings that make a run's training and its loss estimates those of the write-ups
+BUDGET_KEYS = ("max_iters", "batch_size", "gradient_accumulation_steps", "learning_rate", "min_lr",
+               "warmup_iters", "lr_decay_iters", "decay_lr", "weight_decay", "beta1", "beta2",
+               "grad_clip", "eval_iters")
 
 
 class ReportError(Exception):
@@ -32,7 +60,9 @@ def read_log(out_dir):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                raise ReportError(f"{path}, line {line_no}: not a JSON record") from None
+                # a launch killed mid-write leaves a cut-off line; a resumed launch appends after it
+                print(f"warning: {path}, line {line_no}: not a JSON record (cut off mid-write?); skipped", file=sys.stderr)
+                continue
             if record.get("type") == "start":
                 launch = record["time"]
                 records = [r for r in records if r.get("iter", 0) <= record["iter_num"]]
@@ -44,26 +74,78 @@ def read_log(out_dir):
     return records, wall_s
 
 
-def summarize(out_dir):
-    records, wall_s = read_log(out_dir)
+def final_numbers(records):
+    """The last start record, the last eval record (None before the first) and the last
+    train record's auxiliary losses of a run's records (read_log)."""
     start = [r for r in records if r["type"] == "start"][-1]
     evals = [r for r in records if r["type"] == "eval"]
     trains = [r for r in records if r["type"] == "train"]
-    iters = max([r["iter"] for r in evals + trains], default=0)
-    aux = trains[-1]["aux"] if trains else {}
+    return start, evals[-1] if evals else None, trains[-1]["aux"] if trains else {}
+
+
+@functools.cache
+def seed_configs():
+    """{name: config} of config/<name>.py for every config in WRITEUP."""
+    return {name: train.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
+
+
+def writeup_match(start):
+    """(seed config name, {budget key: (run's value, write-up's value)} where they differ)
+    for a run that trains a seed config's model, or None. The model decides (model_type and
+    model_args of the start record); out_dir, data and seed may be anything."""
+    for name, config in seed_configs().items():
+        # through JSON, as the start record went, so tuples and lists compare equal
+        model_args = json.loads(json.dumps(train.model_args_of(config)))
+        if start["model_type"] == config["model_type"] and start.get("model_args") == model_args:
+            run_config = start["config"]
+            return name, {key: (run_config.get(key), config[key]) for key in BUDGET_KEYS
+                          if run_config.get(key) != config[key]}
+    return None
+
+
+def format_aux(aux):
+    return ", ".join(f"{k} {v:.4g}" for k, v in aux.items()) or "-"
+
+
+def summarize(out_dir):
+    """(row of the table, write-up row or None, note or None) for one run."""
+    records, wall_s = read_log(out_dir)
+    start, last_eval, aux = final_numbers(records)
+    evals = [r for r in records if r["type"] == "eval"]
+    iters = max([r["iter"] for r in records if "iter" in r], default=0)
     hours, rest = divmod(int(wall_s), 3600)
-    return {
-        "run": os.path.basename(os.path.normpath(out_dir)),
+    run = os.path.basename(os.path.normpath(out_dir))
+    row = {
+        "run": run,
         "model_type": start["model_type"],
         "params": f"{start['num_params']:,}",
         "iters": str(iters),
         "tokens": f"{iters * start['tokens_per_iter']:,}",
-        "train loss": f"{evals[-1]['train_loss']:.3f}" if evals else "-",
-        "val loss": f"{evals[-1]['val_loss']:.3f}" if evals else "-",
+        "train loss": f"{last_eval['train_loss']:.3f}" if last_eval else "-",
+        "val loss": f"{last_eval['val_loss']:.3f}" if last_eval else "-",
         "best val": f"{min(r['val_loss'] for r in evals):.3f}" if evals else "-",
-        "aux loss": ", ".join(f"{k} {v:.4g}" for k, v in aux.items()) or "-",
+        "aux loss": format_aux(aux),
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
     }
+    match = writeup_match(start)
+    if match is None:
+        return row, None, None
+    name, budget_differs = match
+    published = WRITEUP[name]
+    # the published aux under the run's own aux name, so the two lines read alike
+    aux_names = list(aux) or ["aux"]
+    published_aux = format_aux({aux_names[0]: published["aux"]}) if published["aux"] is not None else "-"
+    writeup_row = dict.fromkeys(row, "")
+    seed = seed_configs()[name]
+    seed_tokens = seed["max_iters"] * seed["gradient_accumulation_steps"] * seed["batch_size"] * seed["block_size"]
+    writeup_row.update({"run": f"  write-up: {name}", "params": f"{published['params']:,}",
+                        "iters": str(seed["max_iters"]), "tokens": f"{seed_tokens:,}", "train loss": f"{published['train']:.3f}",
+                        "val loss": f"{published['val']:.3f}", "aux loss": published_aux})
+    note = None
+    if budget_differs:
+        note = f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(
+            f"{key} {ours} (write-up {theirs})" for key, (ours, theirs) in budget_differs.items())
+    return row, writeup_row, note
 
 
 def print_table(rows):
@@ -105,15 +187,20 @@ def main(argv=None):
     parser.add_argument("out_dirs", nargs="+", help="out_dir of each run")
     parser.add_argument("--plot", metavar="FILE.png", help="also save loss curves here (needs matplotlib)")
     args = parser.parse_args(argv)
-    rows, good = [], []
+    rows, notes, good = [], [], []
     for out_dir in args.out_dirs:
         try:
-            rows.append(summarize(out_dir))
-            good.append(out_dir)
+            row, writeup_row, note = summarize(out_dir)
         except ReportError as e:
             print(f"error: {e}", file=sys.stderr)
+            continue
+        rows += [row, writeup_row] if writeup_row else [row]
+        notes += [note] if note else []
+        good.append(out_dir)
     if rows:
         print_table(rows)
+    for note in notes:
+        print(f"note: {note}")
     plotted = plot(good, args.plot) if args.plot and good else True
     return 0 if len(good) == len(args.out_dirs) and plotted else 1
 

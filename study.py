@@ -1,0 +1,521 @@
+"""
+Trains several configs over several seeds, then tabulates each config's losses as the mean
+± standard deviation over its seeds, and its val loss difference to the first config.
+
+    python study.py config/baseline.py config/future50_mse.py --seeds=1337,1338,1339 --out_root=study
+    python study.py config/baseline.py config/future50_mse.py --out_root=quick --max_iters=300
+    python study.py config/baseline.py config/future50_mse.py --out_root=study --report_only
+
+Each run is `python train.py CONFIG [--key=value ...] --out_dir=OUT_ROOT/<config>-seed<S>
+--seed=S` in a process of its own (any other --key=value goes to every run). Stopping the
+study, or one run, loses at most the steps since that run's last checkpoint: the same
+command again skips the runs that finished and resumes the others. With several GPUs, one
+run per GPU at a time. The table is printed and written to OUT_ROOT/study.md and study.json.
+"""
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+import report
+import train
+from configurator import ConfigError
+
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run
+# a finished or resumed run must have been trained with the settings the study asks for
+SAME_RUN_KEYS = ("model_type", "data_dir", "seed", *(k for k in report.BUDGET_KEYS if k != "max_iters"))
+ITER_LINE = re.compile(r"^(eval at )?iter (\d+):")  # train.py's train and eval lines
+TAIL_LINES = 12  # lines of a failed run's output to show
+
+
+@dataclasses.dataclass
+class Run:
+    index: int  # 1-based position in the study and the number of runs, for "[k/n]"
+    total: int
+    config_name: str  # the config file's name without .py
+    config_path: str
+    seed: int
+    config: dict  # train.get_config of the run's command line
+    state: str = "new"  # 'new', 'restart', 'resume', 'finished' or 'failed', then 'done' or 'failed'
+    iter: int = 0  # iterations done as far as we know: from the log, then from train.py's output
+    tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread = None  # copies its output (follow)
+    started: float = 0.0  # time.time() at its launch
+
+    @property
+    def name(self):
+        return f"{self.config_name}-seed{self.seed}"
+
+    @property
+    def out_dir(self):
+        return self.config["out_dir"]
+
+    @property
+    def max_iters(self):
+        return self.config["max_iters"]
+
+
+say_lock = threading.Lock()  # the runs' reader threads print too
+
+
+def say(text):
+    with say_lock:
+        print(text, flush=True)
+
+
+def hms(seconds):
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+# --------------------------------------------------------------------------------------
+# the command line
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and status 2, like train.py's ConfigError
+        raise ConfigError(f"{message} (python study.py --help)")
+
+
+def parse_args(argv):
+    parser = Parser(
+        description="Train configs × seeds with train.py; tabulate mean ± std over the seeds.",
+        epilog="Any other --key=value goes to train.py for every run, e.g. --max_iters=300 --data_dir=data/writeup.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("configs", nargs="*", metavar="CONFIG",
+                        help="config files such as config/baseline.py; the first is the reference of the val loss differences")
+    parser.add_argument("--seeds", default="1337,1338,1339", help="comma-separated seeds, one run per config and seed (default %(default)s)")
+    parser.add_argument("--out_root", default="study", help="runs go to OUT_ROOT/<config>-seed<S>, the table to OUT_ROOT/study.md, study.json")
+    parser.add_argument("--gpus", help="comma-separated GPU ids, one run on each at a time (default: all GPUs when there are several)")
+    parser.add_argument("--report_only", action="store_true", help="train nothing, only tabulate what the runs hold")
+    parser.add_argument("--progress_s", type=float, default=60.0, help="seconds between progress lines (default %(default)s)")
+    args, rest = parser.parse_known_args(argv)
+    # argparse leaves config paths that follow a --key=value among the unknown arguments
+    args.configs += [arg for arg in rest if not arg.startswith("--")]
+    args.flags = [arg for arg in rest if arg.startswith("--")]
+    if not args.configs:
+        raise ConfigError("no config given: python study.py config/baseline.py config/future50_mse.py ... (python study.py --help)")
+    args.seeds = parse_ids("--seeds", args.seeds, "1337,1338,1339")
+    args.gpus = parse_ids("--gpus", args.gpus, "0,1") if args.gpus is not None else None
+    return args
+
+
+def parse_ids(option, text, example):
+    """Distinct non-negative integers from 'a,b,c'."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise ConfigError(f"{option} takes distinct comma-separated integers such as {example}, got {text!r}")
+    return ids
+
+
+def plan_runs(configs, seeds, out_root, flags):
+    """One Run per seed and config, seed by seed: after the first seed, every config has a result."""
+    for key in STUDY_KEYS:
+        if any(flag.startswith(f"--{key}=") for flag in flags):
+            raise ConfigError(f"study.py sets --{key} for each run itself (seeds: --seeds, folders: --out_root)")
+    names = [os.path.basename(path).removesuffix(".py") for path in configs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two configs share a name ({', '.join(names)}): their runs would share folders")
+    runs = []
+    for seed in seeds:
+        for name, path in zip(names, configs):
+            out_dir = os.path.join(out_root, f"{name}-seed{seed}")
+            config = train.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
+            train.model_args_of(config)  # a bad model setting fails here, not in every run
+            runs.append(Run(len(runs) + 1, len(seeds) * len(configs), name, path, seed, config))
+    return runs
+
+
+# --------------------------------------------------------------------------------------
+# what each run folder holds
+
+
+def read_run(run):
+    """(last start record or None, records) of the run's log; nothing yet: (None, [])."""
+    try:
+        records, _ = report.read_log(run.out_dir)
+    except report.ReportError:
+        return None, []
+    return report.final_numbers(records)[0], records
+
+
+def settings_differ(start, config):
+    """The settings of the study's config that the run in the folder was not trained with."""
+    def same(key, a, b):
+        return os.path.realpath(a) == os.path.realpath(b) if key == "data_dir" else a == b
+    differ = [f"{key} {start['config'].get(key)!r} (this study: {config[key]!r})"
+              for key in SAME_RUN_KEYS if not same(key, start["config"].get(key), config[key])]
+    if start.get("model_args") != json.loads(json.dumps(train.model_args_of(config))):
+        differ.append("the model settings")
+    return differ
+
+
+def find_state(run):
+    """Sets run.state and run.iter from the folder: a run is finished when its checkpoint
+    exists and its log holds the eval record of max_iters, which train.py writes after
+    saving the last checkpoint; one with a checkpoint before that resumes."""
+    start, records = read_run(run)
+    has_checkpoint = os.path.isfile(os.path.join(run.out_dir, "ckpt.pt"))
+    if start and has_checkpoint:
+        differ = settings_differ(start, run.config)
+        if differ:
+            run.state = "failed"
+            say(f"[{run.index}/{run.total}] {run.name}: {run.out_dir} holds a run trained with {', '.join(differ)}: "
+                f"choose another --out_root, or delete that folder to train the run again")
+            return
+    evals = [r for r in records if r["type"] == "eval"]
+    if has_checkpoint and evals and evals[-1]["iter"] >= run.max_iters:
+        run.state, run.iter = "finished", run.max_iters
+    elif has_checkpoint:
+        try:  # the checkpoint, not the log: a kill between saving and logging leaves the log behind
+            run.state, run.iter = "resume", train.load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
+        except train.TrainError as e:
+            run.state = "failed"
+            say(f"[{run.index}/{run.total}] {run.name}: cannot resume: {e}")
+    elif os.path.exists(os.path.join(run.out_dir, "log.jsonl")):
+        run.state = "restart"  # stopped before its first checkpoint: nothing to resume from
+    else:
+        run.state = "new"
+
+
+# --------------------------------------------------------------------------------------
+# running train.py
+
+
+def pick_gpus(gpus):
+    """The slots runs go to: GPU ids, or [None] (one run at a time, devices left as they are)."""
+    if gpus:
+        return gpus
+    count = torch.cuda.device_count()
+    return list(range(count)) if count > 1 else [None]
+
+
+def run_jobs(jobs, slots, launch, on_done, on_tick, poll_s=0.5):
+    """Starts each job, in order, on a free slot (one job per slot at a time) with
+    launch(job, slot) -> a process (subprocess.Popen or alike); calls on_done(job, exit code)
+    as each ends and on_tick() in between. Leaving early stops the running processes."""
+    pending, free, running = list(jobs), list(slots), []
+    try:
+        while pending or running:
+            while pending and free:
+                job, slot = pending.pop(0), free.pop(0)
+                running.append((job, slot, launch(job, slot)))
+            for entry in list(running):
+                job, slot, process = entry
+                code = process.poll()
+                if code is not None:
+                    running.remove(entry)
+                    free.append(slot)
+                    on_done(job, code)
+            on_tick()
+            if running:
+                time.sleep(poll_s)
+    finally:
+        for _, _, process in running:  # interrupted: each run keeps its last checkpoint
+            process.terminate()
+            process.wait()
+
+
+def follow(process, run):
+    """Copies train.py's output to OUT_DIR/train.out and takes its iteration from it."""
+    with open(os.path.join(run.out_dir, "train.out"), "a") as out:
+        for line in process.stdout:
+            out.write(line)
+            out.flush()
+            run.tail.append(line.rstrip("\n"))
+            match = ITER_LINE.match(line)
+            if match:
+                run.iter = int(match.group(2))
+                if match.group(1):  # eval lines are few: show them
+                    say(f"  {run.name}: {line.rstrip()}")
+
+
+def launch(run, gpu, flags):
+    command = [sys.executable, TRAIN, run.config_path, *flags, f"--out_dir={run.out_dir}", f"--seed={run.seed}"]
+    where = "" if gpu is None else f" on GPU {gpu}"
+    if run.state == "resume":
+        command.append("--init_from=resume")
+        say(f"[{run.index}/{run.total}] {run.name}: resuming from iter {run.iter:,}{where}")
+    elif run.state == "restart":
+        command.append("--overwrite=True")
+        say(f"[{run.index}/{run.total}] {run.name}: note: {run.out_dir} holds a log but no checkpoint "
+            f"(stopped before its first one): training from scratch{where}")
+    else:
+        say(f"[{run.index}/{run.total}] {run.name}: training{where}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # lines as they come, for the progress
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    os.makedirs(run.out_dir, exist_ok=True)
+    with open(os.path.join(run.out_dir, "train.out"), "a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+    # a pipe, not a file: if the study dies, the run's next print fails and the run stops
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run.reader = threading.Thread(target=follow, args=(process, run), daemon=True)
+    run.reader.start()
+    return process
+
+
+class Progress:
+    """A line every interval_s: runs finished, each running run's iteration, time left
+    from the iterations done so far in this study and the iterations still to do."""
+
+    def __init__(self, runs, interval_s):
+        self.runs, self.interval_s = runs, interval_s
+        self.t0 = self.last = time.time()
+        self.iters_at_start = sum(run.iter for run in runs)
+
+    def tick(self, running=()):
+        now = time.time()
+        if now - self.last < self.interval_s:
+            return
+        self.last = now
+        live = [run for run in self.runs if run.state != "failed"]
+        done = sum(run.state in ("finished", "done") for run in self.runs)
+        gained = sum(run.iter for run in self.runs) - self.iters_at_start
+        left = sum(max(run.max_iters - run.iter, 0) for run in live)
+        eta = f"about {hms(left * (now - self.t0) / gained)} left" if gained > 0 else "time left: after the first steps"
+        at = [f"{run.name} iter {run.iter:,}/{run.max_iters:,}" for run in running]
+        say("; ".join([f"[{hms(now - self.t0)}] {done}/{len(self.runs)} runs finished", *at, eta]))
+
+
+def train_runs(runs, slots, flags, progress_s):
+    """Trains the runs that are not finished; returns the runs that failed."""
+    todo = [run for run in runs if run.state in ("new", "restart", "resume")]
+    finished = [run.name for run in runs if run.state == "finished"]
+    if finished:
+        say(f"finished before: {', '.join(finished)}")
+    for data_dir in sorted({run.config["data_dir"] for run in todo}):
+        config = next(run.config for run in todo if run.config["data_dir"] == data_dir)
+        train.check_data(data_dir, config["block_size"], config["vocab_size"])
+    say(f"{len(todo)} of {len(runs)} runs to train, {len(slots)} at a time" if todo else "nothing to train")
+    progress = Progress(runs, progress_s)
+    running = {}
+
+    def start(run, slot):
+        running[run.name] = run
+        run.started = time.time()
+        return launch(run, slot, flags)
+
+    def done(run, code):
+        del running[run.name]
+        run.reader.join()  # its last lines
+        if code == 0:
+            run.state = "done"
+            say(f"[{run.index}/{run.total}] {run.name}: done at iter {run.iter:,} in {hms(time.time() - run.started)}")
+            return
+        run.state = "failed"
+        lines = "\n".join(f"    {line}" for line in run.tail)
+        say(f"[{run.index}/{run.total}] {run.name}: FAILED with exit code {code}; the study goes on. "
+            f"Last lines of {os.path.join(run.out_dir, 'train.out')}:\n{lines}")
+
+    run_jobs(todo, slots, start, done, lambda: progress.tick(running.values()))
+    return [run for run in runs if run.state == "failed"]
+
+
+# --------------------------------------------------------------------------------------
+# the table
+
+
+def mean_std(values):
+    """(mean, sample standard deviation with ddof=1; None for a single value)."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def stats(values):
+    if not values:
+        return None
+    mean, std = mean_std(values)
+    return dict(mean=mean, std=std, n=len(values))
+
+
+def run_result(run):
+    """A run's final numbers; 'finished' only when its last eval is the one at max_iters."""
+    start, records = read_run(run)
+    if start is None:
+        return dict(seed=run.seed, out_dir=run.out_dir, status="not started", finished=False)
+    _, last_eval, aux = report.final_numbers(records)
+    at = last_eval["iter"] if last_eval else 0
+    result = dict(seed=run.seed, out_dir=run.out_dir, iter=at, params=start["num_params"], finished=at == run.max_iters)
+    if at > run.max_iters:
+        result["status"] = f"trained to iter {at:,}, past max_iters {run.max_iters:,}"
+    elif at < run.max_iters:
+        result["status"] = f"at iter {at:,} of {run.max_iters:,}"
+    else:
+        # each model logs at most one auxiliary loss
+        result.update(status="finished", train_loss=last_eval["train_loss"], val_loss=last_eval["val_loss"],
+                      aux_loss=next(iter(aux.values()), None))
+    return result
+
+
+def val_difference(results, reference):
+    """Val loss minus the reference config's: over the seeds both finished, the mean ± std of
+    the per-seed differences (paired); with no seed in common, the difference of the means
+    ± the std of a difference of two independent runs, sqrt(std_a² + std_b²)."""
+    val = {r["seed"]: r["val_loss"] for r in results if r["finished"]}
+    ref = {r["seed"]: r["val_loss"] for r in reference if r["finished"]}
+    if not val or not ref:
+        return None
+    common = sorted(set(val) & set(ref))
+    if common:
+        return dict(stats([val[seed] - ref[seed] for seed in common]), paired=True)
+    (mean_a, std_a), (mean_b, std_b) = mean_std(list(val.values())), mean_std(list(ref.values()))
+    std = math.hypot(std_a, std_b) if std_a is not None and std_b is not None else None
+    return dict(mean=mean_a - mean_b, std=std, n=0, paired=False)
+
+
+def tabulate(runs, seeds, flags):
+    """The study's numbers, config by config (the order of the command line)."""
+    configs = {}
+    for run in runs:
+        configs.setdefault(run.config_name, []).append(run)
+    rows = []
+    for name, config_runs in configs.items():
+        results = [run_result(run) for run in config_runs]
+        finished = [r for r in results if r["finished"]]
+        config = config_runs[0].config
+        match = report.writeup_match(dict(model_type=config["model_type"], model_args=train.model_args_of(config), config=config))
+        rows.append(dict(
+            config=name, config_path=config_runs[0].config_path,
+            params=next((r["params"] for r in results if "params" in r), None),
+            seeds_finished=[r["seed"] for r in finished],
+            train_loss=stats([r["train_loss"] for r in finished]),
+            val_loss=stats([r["val_loss"] for r in finished]),
+            aux_loss=stats([r["aux_loss"] for r in finished if r["aux_loss"] is not None]),
+            runs=results,
+            writeup=dict(report.WRITEUP[match[0]], config=match[0],
+                         differs={k: dict(study=a, writeup=b) for k, (a, b) in match[1].items()}) if match else None,
+        ))
+    reference = rows[0]
+    for row in rows:
+        row["val_difference"] = val_difference(row["runs"], reference["runs"])
+        ours, theirs = row["writeup"], reference["writeup"]
+        row["writeup_val_difference"] = ours["val"] - theirs["val"] if ours and theirs else None
+    return dict(reference=reference["config"], seeds=seeds, flags=flags, configs=rows)
+
+
+def format_stat(stat, digits=4, sign=""):
+    if stat is None:
+        return "-"
+    text = f"{stat['mean']:{sign}.{digits}f}"
+    return text if stat["std"] is None else f"{text} ± {stat['std']:.{digits}f}"
+
+
+def format_aux(stat):
+    if stat is None:
+        return "-"
+    return f"{stat['mean']:.4g}" if stat["std"] is None else f"{stat['mean']:.4g} ± {stat['std']:.2g}"
+
+
+def markdown(table, out_root):
+    reference = table["reference"]
+    n_seeds = len(table["seeds"])
+    with_writeup = any(row["writeup"] for row in table["configs"])
+    head = ["config", "seeds finished", "params", "train loss", "val loss", f"Δ val vs {reference}", "aux loss"]
+    head += ["write-up train", "write-up val", "write-up Δ val", "write-up aux", "write-up params"] if with_writeup else []
+    lines = [f"# Study: {len(table['configs'])} configs × {n_seeds} seed{'s' * (n_seeds > 1)} "
+             f"({', '.join(map(str, table['seeds']))})", "",
+             f"Runs in `{out_root}/<config>-seed<seed>`; flags for every run: `{' '.join(table['flags']) or '(none)'}`.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    unpaired = False
+    for row in table["configs"]:
+        diff = row["val_difference"]
+        if row["config"] == reference:
+            diff_text = "(reference)" if diff else "-"
+        else:
+            diff_text = format_stat(diff, sign="+") + ("" if diff is None or diff["paired"] else " *")
+            unpaired |= diff is not None and not diff["paired"]
+        w = row["writeup"]
+        cells = [row["config"], f"{len(row['seeds_finished'])} of {n_seeds}",
+                 f"{row['params']:,}" if row["params"] else "-",
+                 format_stat(row["train_loss"]), format_stat(row["val_loss"]), diff_text, format_aux(row["aux_loss"])]
+        if w:
+            cells += [f"{w['train']:.3f}", f"{w['val']:.3f}",
+                      "(reference)" if row["config"] == reference else
+                      f"{row['writeup_val_difference']:+.3f}" if row["writeup_val_difference"] is not None else "-",
+                      f"{w['aux']:.4g}" if w["aux"] is not None else "-", f"{w['params']:,}"]
+        elif with_writeup:
+            cells += [""] * 5
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Mean ± sample standard deviation (ddof=1) over the seeds that finished (no ± for one seed): "
+              "train and val loss are each run's last eval-mode estimates, aux loss the unscaled auxiliary loss "
+              f"of its last logged step. Δ val: the mean ± std of the per-seed differences of the val loss to "
+              f"{reference}'s, over the seeds both finished (paired)."]
+    if unpaired:
+        lines.append("* no seed finished by both: the difference of the means ± sqrt(std² + std_ref²).")
+    differs = sorted({f"{k} {v['study']} (write-up {v['writeup']})" for row in table["configs"] if row["writeup"]
+                      for k, v in row["writeup"]["differs"].items()})
+    if with_writeup:
+        lines.append("Write-up: the published numbers of the seed config with the same model (9000 steps on the "
+                     "write-ups' own Wikipedia text): compare differences between configs, not absolute losses."
+                     + (f" This study trains unlike them: {', '.join(differs)}." if differs else ""))
+    unfinished = [f"{os.path.basename(r['out_dir'])} ({r['status']})" for row in table["configs"]
+                  for r in row["runs"] if not r["finished"]]
+    if unfinished:
+        lines.append(f"Not finished, left out of the means: {', '.join(unfinished)}.")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path, text):
+    tmp_path = path + ".tmp"
+    with open(tmp_path, "w") as f:
+        f.write(text)
+    os.replace(tmp_path, path)
+
+
+def write_table(runs, seeds, flags, out_root):
+    table = tabulate(runs, seeds, flags)
+    text = markdown(table, out_root)
+    os.makedirs(out_root, exist_ok=True)
+    write_atomic(os.path.join(out_root, "study.md"), text)
+    write_atomic(os.path.join(out_root, "study.json"), json.dumps(table, indent=1) + "\n")
+    print(text, end="")
+    print(f"wrote {os.path.join(out_root, 'study.md')} and study.json")
+    return table
+
+
+def main(argv=None):
+    """Command-line entry: 0 when every run finished, 1 when one failed, 2 for bad input."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
+        slots = pick_gpus(args.gpus)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = []
+    if not args.report_only:
+        for run in runs:
+            find_state(run)
+        try:
+            failed = train_runs(runs, slots, args.flags, args.progress_s)
+        except train.TrainError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("stopped: run the same command again to resume", file=sys.stderr)
+            return 130
+    write_table(runs, args.seeds, args.flags, args.out_root)
+    if failed:
+        print(f"error: {len(failed)} runs failed: {', '.join(run.name for run in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

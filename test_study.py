@@ -1,0 +1,422 @@
+"""
+Tests of study.py (configs × seeds through train.py) and of report.py's log reading and
+write-up columns, on a CPU: tiny models on random tokens written here.
+Run: python -m pytest -q test_study.py
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import report
+import study
+import train
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+VOCAB = 256  # the random data's tokens are below this
+TINY = """
+vocab_size = 256
+block_size = 16
+n_layer = 2
+n_head = 2
+n_embd = 32
+batch_size = 4
+gradient_accumulation_steps = 2
+eval_iters = 2
+log_interval = 1
+max_iters = 4
+eval_interval = 2
+warmup_iters = 2
+learning_rate = 1e-3
+compile = False
+device = "cpu"
+dtype = "float32"
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Random-token data and two tiny config files, a baseline and a future_attn."""
+    path = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(0)
+    for split, n_tokens in (("train", 5000), ("val", 1000)):
+        rng.integers(0, VOCAB, n_tokens).astype(np.uint16).tofile(path / f"{split}.bin")
+    for name, model_type in (("base", "baseline"), ("future", "future_attn")):
+        (path / f"{name}.py").write_text(f"model_type = {model_type!r}\n{TINY}")
+    return dict(data=str(path), base=str(path / "base.py"), future=str(path / "future.py"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_runs():
+    """Each train.py child on one thread: tiny models run fastest so on busy cores."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
+def run_study(argv):
+    """(exit status, stdout, stderr) of study.main in this process (its runs are children)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = study.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def starts(out_dir):
+    return [r for r in read_log(out_dir) if r["type"] == "start"]
+
+
+@pytest.fixture(scope="module")
+def finished_study(tiny, tmp_path_factory):
+    """2 configs × 2 seeds of 4 steps each, trained through study.py."""
+    out_root = str(tmp_path_factory.mktemp("study"))
+    argv = [tiny["base"], tiny["future"], "--seeds=1,2", f"--out_root={out_root}", f"--data_dir={tiny['data']}"]
+    status, out, err = run_study(argv)
+    return dict(argv=argv, out_root=out_root, status=status, out=out, err=err)
+
+
+RUN_NAMES = ["base-seed1", "future-seed1", "base-seed2", "future-seed2"]  # seed by seed
+
+
+def test_study_trains_every_config_and_seed(finished_study):
+    assert finished_study["status"] == 0, finished_study["out"] + finished_study["err"]
+    out = finished_study["out"]
+    for k, name in enumerate(RUN_NAMES, 1):
+        assert f"[{k}/4] {name}: training" in out and f"[{k}/4] {name}: done at iter 4" in out
+        out_dir = os.path.join(finished_study["out_root"], name)
+        records = read_log(out_dir)
+        assert [r["init_from"] for r in starts(out_dir)] == ["scratch"]
+        assert records[0]["config"]["seed"] == int(name[-1])
+        assert [r["iter"] for r in records if r["type"] == "eval"] == [0, 2, 4]
+        assert train.load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["iter_num"] == 4
+        with open(os.path.join(out_dir, "train.out")) as f:
+            assert "eval at iter 4:" in f.read()  # the child's own output is kept
+    # the seeds really differ
+    assert read_log(os.path.join(finished_study["out_root"], "base-seed1"))[-1]["val_loss"] != \
+        read_log(os.path.join(finished_study["out_root"], "base-seed2"))[-1]["val_loss"]
+
+
+def test_a_second_study_trains_nothing(finished_study):
+    status, out, _ = run_study(finished_study["argv"])
+    assert status == 0
+    assert "nothing to train" in out and f"finished before: {', '.join(RUN_NAMES)}" in out
+    for name in RUN_NAMES:
+        assert len(starts(os.path.join(finished_study["out_root"], name))) == 1
+
+
+def hand_numbers(out_dir):
+    """(train loss, val loss, aux loss) of a run, read plainly from its log.jsonl."""
+    records = read_log(out_dir)
+    last_eval = [r for r in records if r["type"] == "eval"][-1]
+    aux = [r for r in records if r["type"] == "train"][-1]["aux"]
+    return last_eval["train_loss"], last_eval["val_loss"], aux.get("future_attn_loss")
+
+
+def test_the_table_holds_mean_and_std_over_seeds(finished_study):
+    out_root = finished_study["out_root"]
+    with open(os.path.join(out_root, "study.json")) as f:
+        table = json.load(f)
+    with open(os.path.join(out_root, "study.md")) as f:
+        text = f.read()
+    assert text in finished_study["out"]  # printed as written
+    numbers = {name: [hand_numbers(os.path.join(out_root, f"{name}-seed{s}")) for s in (1, 2)] for name in ("base", "future")}
+    assert table["reference"] == "base" and [row["config"] for row in table["configs"]] == ["base", "future"]
+    for row in table["configs"]:
+        runs = numbers[row["config"]]
+        assert row["seeds_finished"] == [1, 2]
+        for column, values in (("train_loss", [r[0] for r in runs]), ("val_loss", [r[1] for r in runs])):
+            mean, std = np.mean(values), np.std(values, ddof=1)
+            assert row[column]["mean"] == pytest.approx(mean, abs=1e-12)
+            assert row[column]["std"] == pytest.approx(std, abs=1e-12)
+            assert f"{mean:.4f} ± {std:.4f}" in text
+        diffs = [ours[1] - ref[1] for ours, ref in zip(runs, numbers["base"])]  # paired by seed
+        if row["config"] == "future":
+            assert row["val_difference"]["mean"] == pytest.approx(np.mean(diffs), abs=1e-12)
+            assert row["val_difference"]["std"] == pytest.approx(np.std(diffs, ddof=1), abs=1e-12)
+            assert row["val_difference"]["paired"] and f"{np.mean(diffs):+.4f} ± {np.std(diffs, ddof=1):.4f}" in text
+            aux = [r[2] for r in runs]
+            assert row["aux_loss"]["mean"] == pytest.approx(np.mean(aux), abs=1e-15)
+            assert row["aux_loss"]["std"] == pytest.approx(np.std(aux, ddof=1), abs=1e-15)
+        else:
+            assert row["aux_loss"] is None and "| base | 2 of 2 | 32,928 |" in text
+    assert "write-up" not in text  # tiny models are no seed config's
+
+
+def test_kill_then_resume(tiny, tmp_path):
+    # a real kill of the whole process group (study.py and its train.py) after a checkpoint
+    argv = [tiny["base"], "--seeds=7", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+            "--max_iters=100", "--eval_interval=5", "--always_save_checkpoint=True"]
+    ckpt_path = tmp_path / "base-seed7" / "ckpt.pt"
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "study.py"), *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while not ckpt_path.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = train.load_checkpoint(str(ckpt_path))["iter_num"]
+    assert 0 < killed_at < 100
+    status, out, _ = run_study(argv)
+    assert status == 0 and f"[1/1] base-seed7: resuming from iter {killed_at}" in out
+    records = read_log(tmp_path / "base-seed7")
+    resumed = [r for r in records if r["type"] == "start"][-1]
+    assert resumed["init_from"] == "resume" and resumed["iter_num"] == killed_at
+    assert records[-1]["type"] == "eval" and records[-1]["iter"] == 100
+    kept, _ = report.read_log(str(tmp_path / "base-seed7"))  # the resumed run supersedes the killed one
+    assert [r["iter"] for r in kept if r["type"] == "train"] == list(range(1, 101))
+
+
+def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
+    # seed 1: stopped before its first checkpoint (a log, no ckpt.pt): trained again from scratch;
+    # seed 2: no checkpoint of train.py's: refused before launching; seed 3: a future_attn
+    # checkpoint, which train.py refuses to resume as a baseline: that run fails, the study goes on
+    for seed in (1, 2, 3):
+        (tmp_path / f"base-seed{seed}").mkdir()
+    (tmp_path / "base-seed1" / "log.jsonl").write_text('{"type": "start", "iter_num": 0, "ti')
+    (tmp_path / "base-seed2" / "ckpt.pt").write_text("not a checkpoint")
+    shutil.copy(os.path.join(finished_study["out_root"], "future-seed1", "ckpt.pt"), tmp_path / "base-seed3")
+    status, out, err = run_study([tiny["base"], "--seeds=1,2,3", f"--out_root={tmp_path}",
+                                  f"--data_dir={tiny['data']}", "--max_iters=6"])
+    assert status == 1 and "error: 2 runs failed: base-seed2, base-seed3" in err
+    assert "[1/3] base-seed1: note:" in out and "holds a log but no checkpoint" in out
+    assert "[1/3] base-seed1: done at iter 6" in out
+    assert f"[2/3] base-seed2: cannot resume: {tmp_path}/base-seed2/ckpt.pt is not a checkpoint written by train.py" in out
+    assert "[3/3] base-seed3: resuming from iter 4" in out
+    assert "[3/3] base-seed3: FAILED with exit code 1; the study goes on." in out
+    assert "    error: cannot resume: the checkpoint holds model_type 'future_attn'" in out  # its last lines
+    assert [r["init_from"] for r in starts(tmp_path / "base-seed1")] == ["scratch"]
+    with open(tmp_path / "study.md") as f:
+        text = f.read()
+    assert "| base | 1 of 3 |" in text
+    assert "Not finished, left out of the means: base-seed2 (not started), base-seed3 (not started)." in text
+
+
+def test_a_run_trained_otherwise_is_left_alone(finished_study, tiny, tmp_path):
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
+    before = (tmp_path / "base-seed1" / "log.jsonl").read_text()
+    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+                                  "--learning_rate=0.002"])
+    assert status == 1
+    assert "holds a run trained with learning_rate 0.001 (this study: 0.002)" in out
+    assert (tmp_path / "base-seed1" / "log.jsonl").read_text() == before
+
+
+# --------------------------------------------------------------------------------------
+# pieces: scheduling, launching, the numbers, the command line
+
+
+class FakeProcess:
+    """Ends (exit code 0, or 3 for a job named 'bad') after a number of polls."""
+
+    def __init__(self, job, polls, log):
+        self.job, self.polls, self.log = job, polls, log
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls > 0:
+            return None
+        self.log.append(("end", self.job))
+        return 3 if self.job == "bad" else 0
+
+
+def test_run_jobs_keeps_one_job_per_slot():
+    log, done, busy, most = [], {}, {}, [0]
+
+    def launch(job, slot):
+        assert slot not in busy.values(), f"slot {slot} is taken"
+        busy[job] = slot
+        most[0] = max(most[0], len(busy))
+        log.append(("start", job, slot))
+        return FakeProcess(job, polls={"a": 5, "b": 1, "c": 2, "bad": 1, "e": 1}[job], log=log)
+
+    def on_done(job, code):
+        done[job] = code
+        del busy[job]
+
+    jobs = ["a", "b", "c", "bad", "e"]
+    study.run_jobs(jobs, [0, 1], launch, on_done, on_tick=lambda: None, poll_s=0)
+    assert done == {"a": 0, "b": 0, "c": 0, "bad": 3, "e": 0} and most[0] == 2
+    starts_ = [entry[1:] for entry in log if entry[0] == "start"]
+    assert [job for job, _ in starts_] == jobs  # in order
+    assert starts_[:3] == [("a", 0), ("b", 1), ("c", 1)]  # c waits for b's slot, a keeps GPU 0
+    study.run_jobs(jobs, [None], launch, on_done, on_tick=lambda: None, poll_s=0)
+    assert most[0] == 2 and len(done) == 5  # one slot: one at a time (launch asserts it)
+
+
+def test_run_jobs_stops_its_processes_when_interrupted():
+    class Process:
+        terminated = waited = False
+
+        def poll(self):
+            raise KeyboardInterrupt  # Ctrl-C while waiting
+
+        def terminate(self):
+            self.terminated = True
+
+        def wait(self):
+            self.waited = True
+
+    processes = []
+    with pytest.raises(KeyboardInterrupt):
+        study.run_jobs(["a", "b"], [0, 1], lambda job, slot: processes.append(Process()) or processes[-1],
+                       on_done=None, on_tick=lambda: None)
+    assert len(processes) == 2 and all(p.terminated and p.waited for p in processes)
+
+
+def test_pick_gpus(monkeypatch):
+    monkeypatch.setattr(study.torch.cuda, "device_count", lambda: 4)
+    assert study.pick_gpus(None) == [0, 1, 2, 3]
+    assert study.pick_gpus([2, 3]) == [2, 3]
+    monkeypatch.setattr(study.torch.cuda, "device_count", lambda: 1)
+    assert study.pick_gpus(None) == [None]  # one GPU or none: runs one after another, devices untouched
+
+
+def test_launch_command_and_gpu(tiny, tmp_path, monkeypatch):
+    calls = []
+
+    class Popen:
+        def __init__(self, command, env, **kwargs):
+            calls.append((command, env))
+            self.stdout = io.StringIO("iter 3: loss 5.1\neval at iter 4: train loss 5.0\n")
+
+    monkeypatch.setattr(study.subprocess, "Popen", Popen)
+    [run] = study.plan_runs([tiny["base"]], [5], str(tmp_path), ["--max_iters=9"])
+    run.state, run.iter = "resume", 2
+    with contextlib.redirect_stdout(io.StringIO()):
+        study.launch(run, 1, ["--max_iters=9"])
+        run.reader.join()
+    command, env = calls[0]
+    assert command == [sys.executable, os.path.join(REPO, "train.py"), tiny["base"], "--max_iters=9",
+                       f"--out_dir={tmp_path}/base-seed5", "--seed=5", "--init_from=resume"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and run.iter == 4 and run.max_iters == 9
+    assert "eval at iter 4" in (tmp_path / "base-seed5" / "train.out").read_text()
+
+
+def test_val_difference_paired_and_unpaired():
+    def results(vals):
+        return [dict(seed=seed, finished=val is not None, val_loss=val) for seed, val in vals.items()]
+
+    reference = results({1: 3.0, 2: 3.2, 3: None})
+    paired = study.val_difference(results({1: 2.9, 2: 3.0, 3: 3.5}), reference)  # seed 3: only one side
+    assert paired["paired"] and paired["n"] == 2
+    assert paired["mean"] == pytest.approx(-0.15) and paired["std"] == pytest.approx(np.std([-0.1, -0.2], ddof=1))
+    unpaired = study.val_difference(results({3: 3.1, 4: 3.3}), reference)
+    assert not unpaired["paired"] and unpaired["mean"] == pytest.approx(3.2 - 3.1)
+    assert unpaired["std"] == pytest.approx(np.hypot(np.std([3.1, 3.3], ddof=1), np.std([3.0, 3.2], ddof=1)))
+    assert study.format_stat(dict(mean=3.21, std=None)) == "3.2100"  # one seed: no ±
+    assert study.val_difference(results({1: None}), reference) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no config given"),
+    (["config/no_such.py"], "config file config/no_such.py not found"),
+    (["config/baseline.py", "--seeds=1,x"], "--seeds takes distinct comma-separated integers"),
+    (["config/baseline.py", "--seeds=1,1"], "--seeds takes distinct comma-separated integers"),
+    (["config/baseline.py", "--seeds="], "--seeds takes distinct comma-separated integers"),
+    (["config/baseline.py", "--seed=3"], "study.py sets --seed for each run itself"),
+    (["config/baseline.py", "--gpus=a"], "--gpus takes distinct comma-separated integers"),
+    (["config/baseline.py", "--max_itres=3"], "unknown key 'max_itres'"),
+    (["config/baseline.py", "baseline.py"], "two configs share a name"),
+])
+def test_bad_input_is_one_line_and_status_2(argv, message, monkeypatch):
+    monkeypatch.chdir(REPO)
+    status, out, err = run_study(argv)
+    assert status == 2 and message in err.splitlines()[0] and "Traceback" not in err and out == ""
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        study.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--seeds" in out and "--report_only" in out and "--max_iters=300" in out
+
+
+def test_report_only_lists_unfinished_runs_and_the_writeup(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    status, out, _ = run_study(["config/baseline.py", "config/future50_mse.py", "--seeds=1", f"--out_root={tmp_path}",
+                                "--report_only", "--max_iters=300"])
+    assert status == 0
+    assert "| baseline | 0 of 1 | - | - | - | - | - | 2.937 | 3.424 | (reference) | - | 16,036,800 |" in out
+    assert "| future50_mse | 0 of 1 | - | - | - | - | - | 3.017 | 3.419 | -0.005 | 0.07681 | 15,817,248 |" in out
+    assert "This study trains unlike them: max_iters 300 (write-up 9000)." in out
+    assert "Not finished, left out of the means: baseline-seed1 (not started), future50_mse-seed1 (not started)." in out
+    assert not (tmp_path / "baseline-seed1").exists()  # nothing trained
+
+
+# --------------------------------------------------------------------------------------
+# report.py: cut-off log lines, the write-ups' numbers beside a run's
+
+
+def write_log(out_dir, records, tail=""):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "log.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def fake_run(config_argv, iters=300, val_loss=3.7):
+    """Records of a run of the model that config_argv gives, as train.py logs them."""
+    config = train.get_config(config_argv)
+    start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1, tokens_per_iter=160_000,
+                 iter_num=0, init_from="scratch", config=config, model_args=train.model_args_of(config), time=0.0)
+    aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}
+    return [start, dict(type="train", iter=iters, loss=3.5, aux=aux, time=10.0),
+            dict(type="eval", iter=iters, train_loss=3.6, val_loss=val_loss, best_val_loss=val_loss, saved=True, time=12.0)]
+
+
+def test_report_skips_cut_off_lines(tmp_path, capsys):
+    records = fake_run([os.path.join(REPO, "config/tiny_cpu.py")])
+    write_log(tmp_path / "end", records, tail='{"type": "train", "it')  # killed mid-write
+    broken_middle = records + [dict(records[0], iter_num=300, init_from="resume", time=20.0),
+                               dict(records[2], iter=310, val_loss=3.5, time=30.0)]
+    write_log(tmp_path / "middle", [])
+    with open(tmp_path / "middle" / "log.jsonl", "w") as f:  # a resumed launch appended after a cut-off line
+        f.write("".join(json.dumps(r) + "\n" for r in records) + '{"type": "tr\n'
+                + "".join(json.dumps(r) + "\n" for r in broken_middle[3:]))
+    assert report.main([str(tmp_path / "end"), str(tmp_path / "middle")]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: {tmp_path}/end/log.jsonl, line 4: not a JSON record" in captured.err
+    assert f"warning: {tmp_path}/middle/log.jsonl, line 4: not a JSON record" in captured.err
+    rows = {line.split()[0]: line.split() for line in captured.out.splitlines()[1:]}
+    assert rows["end"][6] == "3.700" and rows["middle"][3:7] == ["310", "49,600,000", "3.600", "3.500"]
+
+
+def test_report_shows_the_writeup_beside_a_seed_config_run(tmp_path, capsys):
+    write_log(tmp_path / "mine", fake_run([os.path.join(REPO, "config/future50_mse.py"), "--max_iters=300",
+                                           "--data_dir=elsewhere", "--seed=5"]))
+    write_log(tmp_path / "full", fake_run([os.path.join(REPO, "config/encdec_plain.py")], iters=9000))
+    write_log(tmp_path / "other", fake_run([os.path.join(REPO, "config/future50_mse.py"), "--future_dim=49"]))
+    assert report.main([str(tmp_path / name) for name in ("mine", "full", "other")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[1:]] == [["mine", "future_attn"], ["write-up:", "future50_mse"],
+                                                         ["full", "encdec"], ["write-up:", "encdec_plain"],
+                                                         ["other", "future_attn"],
+                                                         ["note:", "mine"]]
+    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419", "future_attn_loss", "0.07681"]
+    assert lines[4].split()[2:] == ["15,763,200", "9000", "1,440,000,000", "3.043", "3.413", "-"]
+    # the write-up's numbers sit under the run's own columns
+    assert lines[2].index("3.017") == lines[1].index("3.600") and lines[2].index("3.419") == lines[1].index("3.700")
+    assert lines[6] == "note: mine trains the model of config/future50_mse.py, but unlike the write-up: max_iters 300 (write-up 9000)"
+
+
+def test_writeup_numbers_are_the_seed_configs():
+    assert set(report.WRITEUP) == {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(REPO, "config"))} - {"tiny_cpu"}
+    for name, published in report.WRITEUP.items():
+        with open(os.path.join(REPO, "config", f"{name}.py")) as f:
+            header = f.read().split("\n\n")[0]  # each config's comment names its published numbers
+        assert f"{published['val']}" in header and f"{published['params']:,}" in header, name
