@@ -48,7 +48,7 @@ class Run:
     config_path: str
     seed: int
     config: dict  # train.get_config of the run's command line
-    state: str = "new"  # 'new', 'restart', 'resume', 'finished' or 'failed', then 'done' or 'failed'
+    state: str = "new"  # 'new', 'restart', 'resume', 'evaluate', 'finished' or 'failed', then 'done' or 'failed'
     iter: int = 0  # iterations done as far as we know: from the log, then from train.py's output
     tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread = None  # copies its output (follow)
@@ -184,10 +184,13 @@ def find_state(run):
         run.state, run.iter = "finished", run.max_iters
     elif has_checkpoint:
         try:  # the checkpoint, not the log: a kill between saving and logging leaves the log behind
-            run.state, run.iter = "resume", train.load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
+            run.iter = train.load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
         except train.TrainError as e:
             run.state = "failed"
             say(f"[{run.index}/{run.total}] {run.name}: cannot resume: {e}")
+            return
+        # at max_iters already, killed before its final evaluation was logged: evaluate it again
+        run.state = "evaluate" if run.iter >= run.max_iters else "resume"
     elif os.path.exists(os.path.join(run.out_dir, "log.jsonl")):
         run.state = "restart"  # stopped before its first checkpoint: nothing to resume from
     else:
@@ -252,6 +255,10 @@ def launch(run, gpu, flags):
     if run.state == "resume":
         command.append("--init_from=resume")
         say(f"[{run.index}/{run.total}] {run.name}: resuming from iter {run.iter:,}{where}")
+    elif run.state == "evaluate":
+        command += ["--init_from=resume", "--eval_only=True"]
+        say(f"[{run.index}/{run.total}] {run.name}: its checkpoint is at max_iters but its final evaluation "
+            f"was not logged: evaluating it{where}")
     elif run.state == "restart":
         command.append("--overwrite=True")
         say(f"[{run.index}/{run.total}] {run.name}: note: {run.out_dir} holds a log but no checkpoint "
@@ -296,7 +303,7 @@ class Progress:
 
 def train_runs(runs, slots, flags, progress_s):
     """Trains the runs that are not finished; returns the runs that failed."""
-    todo = [run for run in runs if run.state in ("new", "restart", "resume")]
+    todo = [run for run in runs if run.state in ("new", "restart", "resume", "evaluate")]
     finished = [run.name for run in runs if run.state == "finished"]
     if finished:
         say(f"finished before: {', '.join(finished)}")

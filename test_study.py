@@ -207,6 +207,24 @@ def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
     assert "Not finished, left out of the means: base-seed2 (not started), base-seed3 (not started)." in text
 
 
+def test_a_final_evaluation_lost_to_a_kill_is_made_again(finished_study, tiny, tmp_path):
+    # killed between saving the checkpoint at max_iters and logging its evaluation
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
+    lines = (tmp_path / "base-seed1" / "log.jsonl").read_text().splitlines(keepends=True)
+    lost = json.loads(lines[-1])
+    assert lost["type"] == "eval" and lost["iter"] == 4
+    (tmp_path / "base-seed1" / "log.jsonl").write_text("".join(lines[:-1]))
+    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"])
+    assert status == 0, out + err
+    assert "[1/1] base-seed1: its checkpoint is at max_iters but its final evaluation was not logged" in out
+    evaluated = read_log(tmp_path / "base-seed1")[-1]
+    assert evaluated["type"] == "eval" and evaluated["iter"] == 4 and not evaluated["saved"]
+    assert evaluated["val_loss"] == lost["val_loss"]  # the same checkpoint, the same eval batches
+    assert [r["type"] for r in read_log(tmp_path / "base-seed1")].count("train") == 4  # nothing trained again
+    with open(tmp_path / "study.md") as f:
+        assert "| base | 1 of 1 |" in f.read()
+
+
 def test_a_run_trained_otherwise_is_left_alone(finished_study, tiny, tmp_path):
     shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
     before = (tmp_path / "base-seed1" / "log.jsonl").read_text()
