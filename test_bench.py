@@ -122,7 +122,9 @@ def test_splits_time_whole_optimizer_steps(capsys):
     rows = re.findall(r"^tiny_cpu (\d+x\d+) +([\d.]+) ms/iter .*? (\d+) tokens/s", out, re.MULTILINE)
     assert [split for split, _, _ in rows] == ["4x2", "8x1"]
     for _, ms, tokens_per_s in rows:  # 128 tokens per step, whatever the split
-        assert int(tokens_per_s) == pytest.approx(128 / (float(ms) / 1000), rel=0.01, abs=1)
+        # ms/iter is printed to 0.1 ms: on a fast machine that rounding alone is over 1%
+        rounding = 0.05 / float(ms)
+        assert int(tokens_per_s) == pytest.approx(128 / (float(ms) / 1000), rel=0.01 + rounding, abs=1)
 
 
 def test_a_step_runs_every_micro_step_on_the_mean_loss():

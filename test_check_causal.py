@@ -23,17 +23,10 @@ import model_baseline
 import model_encdec
 import model_future_attn
 import train
-from configurator import ConfigError
 from test_models import MODELS, TINY
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models are tiny: a second thread only waits at every op (long on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def checked_args(path, *flags):

@@ -19,13 +19,7 @@ import model_future_attn as mf
 TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: a second thread only waits at every op (long on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 # (T, C, future_dim, head size, bias, queries_per_block): T < C and T = C, future_dim 1
 # and C-1, odd head sizes, one block and many (uneven: 130 = 5 blocks of 26)

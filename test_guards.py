@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,9 @@ import bench
 import check_causal
 import sample
 import train
-from test_train import REPO, TINY, VOCAB, config_for, data_dir, flags, one_thread, read_log  # noqa: F401
+from test_train import REPO, TINY, VOCAB, config_for, flags, read_log
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def argv_for(data_dir, out_dir, **overrides):

@@ -22,7 +22,6 @@ import study
 import train
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-VOCAB = 256  # the random data's tokens are below this
 TINY = """
 vocab_size = 256
 block_size = 16
@@ -44,15 +43,12 @@ dtype = "float32"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """Random-token data and two tiny config files, a baseline and a future_attn."""
+def tiny(data_dir, tmp_path_factory):
+    """Random-token data (conftest.py) and two tiny config files, a baseline and a future_attn."""
     path = tmp_path_factory.mktemp("tiny")
-    rng = np.random.default_rng(0)
-    for split, n_tokens in (("train", 5000), ("val", 1000)):
-        rng.integers(0, VOCAB, n_tokens).astype(np.uint16).tofile(path / f"{split}.bin")
     for name, model_type in (("base", "baseline"), ("future", "future_attn")):
         (path / f"{name}.py").write_text(f"model_type = {model_type!r}\n{TINY}")
-    return dict(data=str(path), base=str(path / "base.py"), future=str(path / "future.py"))
+    return dict(data=data_dir, base=str(path / "base.py"), future=str(path / "future.py"))
 
 
 @pytest.fixture(scope="module", autouse=True)

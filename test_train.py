@@ -25,7 +25,8 @@ import train
 from configurator import ConfigError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-VOCAB = 256  # the random data's tokens are below this
+VOCAB = 256  # the tokens of the data_dir fixture (conftest.py) are below this
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 TINY = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, batch_size=4,
             gradient_accumulation_steps=2, eval_iters=2, log_interval=1, compile=False,
             device="cpu", dtype="float32", warmup_iters=2, learning_rate=1e-3)
@@ -45,24 +46,6 @@ SEED_PARAMS = {
     "encdec_possub": 15_763_200,
     "encdec_mse_possub": 15_763_500,
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and are not slowed by other busy processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    for split, n_tokens in (("train", 5000), ("val", 1000)):
-        rng.integers(0, VOCAB, n_tokens).astype(np.uint16).tofile(path / f"{split}.bin")
-    return str(path)
 
 
 def flags(**settings):
