@@ -356,7 +356,7 @@ def load_checkpoint(path):
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file; torch's own advice (weights_only=False) would run its code
-        reason = "damaged or incomplete" if isinstance(e, RuntimeError) else "holds objects train.py never saves"
+        reason = "not a complete torch file" if isinstance(e, RuntimeError) else "it holds objects train.py never saves"
         raise TrainError(f"{path} is not a checkpoint written by train.py, or it is damaged ({reason}): "
                          f"train again into a new --out_dir, or resume from a good copy") from None
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
