@@ -292,6 +292,10 @@ import train
 config = train.get_config(sys.argv[1:])
 result = train.train(config)
 torch.save(result["model"].state_dict(), os.path.join(config["out_dir"], f"rank{os.environ['RANK']}.pt"))
+# all done: skip the interpreter's teardown, where gloo's threads abort a process now and
+# then ("terminate called without an active exception", a torch issue, not this code's)
+sys.stdout.flush()
+os._exit(0)
 """
 
 
