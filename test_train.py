@@ -32,20 +32,8 @@ TINY = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, bat
             device="cpu", dtype="float32", warmup_iters=2, learning_rate=1e-3)
 AUX_KEY = {"baseline": None, "future_attn": "future_attn_loss", "encdec": "embedding_loss"}
 
-# SPEC.md's parameter counts of the seed runs: the configs must reproduce them exactly
-SEED_PARAMS = {
-    "baseline": 16_036_800,
-    "smaller_baseline": 15_441_192,
-    "dropout02_baseline": 16_036_800,
-    "future50_cosine": 15_817_248,
-    "future50_mse": 15_817_248,
-    "future100_mse": 15_817_248,
-    "encdec_cosine": 15_763_500,
-    "encdec_mse": 15_763_500,
-    "encdec_plain": 15_763_200,
-    "encdec_possub": 15_763_200,
-    "encdec_mse_possub": 15_763_500,
-}
+# the write-ups' parameter counts (report.WRITEUP, from SPEC.md): the configs must reproduce them exactly
+SEED_PARAMS = {name: published["params"] for name, published in report.WRITEUP.items()}
 
 
 def flags(**settings):
