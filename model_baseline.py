@@ -4,8 +4,9 @@ The baseline: a decoder-only GPT in the nanoGPT mould.
 Tokens are embedded, given a learned absolute position, and passed through
 pre-LayerNorm blocks of causal self-attention and an MLP; a final LayerNorm and an
 output head tied to the token embedding give the next-token logits. This is the model
-that seeds 000 (Future Attention) and 001 (Auto-regressive Encoder-Decoder) compare
-against, and the two other model files repeat its blocks so each reads on its own.
+that the Future Attention write-up and the Auto-regressive Encoder-Decoder Transformer
+write-up (github.com/yiphei/yif-AI) compare against, and the two other model files
+repeat its blocks so each reads on its own.
 
     x_0 = dropout(wte[idx] + wpe[0..T-1])
     x_l = x_{l-1} + attn(ln_1(x_{l-1}));  x_l = x_l + mlp(ln_2(x_l))
@@ -96,13 +97,13 @@ class Block(nn.Module):
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the seeds'
-    block_size: int = 200  # C, the context length (the seeds' context_size)
+    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
+    block_size: int = 200  # C, the context length (the write-ups' context_size)
     n_layer: int = 26  # L, number of blocks
     n_head: int = 10  # H, attention heads per block
     n_embd: int = 160  # d, the residual width; head size hs = d / H
-    dropout: float = 0.0  # the seeds use 0.0 (0.2 in the dropout baseline)
-    bias: bool = False  # biases in Linear and LayerNorm; the seeds use none
+    dropout: float = 0.0  # the write-ups use 0.0 (0.2 in the dropout baseline)
+    bias: bool = False  # biases in Linear and LayerNorm; the write-ups use none
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -151,7 +152,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """All parameters, tied weights once, without the position table (the seeds')."""
+        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
         n_params = sum(p.numel() for p in self.parameters())
         return n_params - self.transformer.wpe.weight.numel()
 

@@ -1,5 +1,6 @@
 """
-The Auto-regressive Encoder-Decoder Transformer (seed 001).
+The Auto-regressive Encoder-Decoder Transformer, as its write-up describes it
+(github.com/yiphei/yif-AI, autoregressive_encoder_decoder_transformer/README.md).
 
 A GPT's L layers become an encoder of L causal blocks and a decoder of L blocks that
 also cross-attend to the encoder's output, both re-run on every new token, so the
@@ -178,13 +179,13 @@ EMBEDDING_LN = ("init", "avg", "none")
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the seeds'
-    block_size: int = 200  # C, the context length (the seeds' context_size)
+    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
+    block_size: int = 200  # C, the context length (the write-ups' context_size)
     n_layer: int = 13  # L, blocks PER STACK: the model has L encoder + L decoder blocks
     n_head: int = 5  # H, self-attention heads, encoder and decoder
     n_embd: int = 150  # d, the residual width
-    dropout: float = 0.0  # the seeds use 0.0
-    bias: bool = False  # biases in Linear and the blocks' LayerNorms; the seeds use none
+    dropout: float = 0.0  # the write-ups use 0.0
+    bias: bool = False  # biases in Linear and the blocks' LayerNorms; the write-ups use none
     cross_n_head: int = None  # heads of the cross-attention; None -> 2 * n_head
     order: str = "original"  # decoder block: 'original' self then cross, 'alt' swaps; original
     ln_before_bridge: bool = False  # LayerNorm before the encoder->decoder Linear; False
@@ -194,7 +195,7 @@ class GPTConfig:
     embedding_loss_coeff: float = 1.0  # scale of the embedding loss (8 with sub_pos)
     detach: str = "encoder_out"  # what the embedding loss does not train: 'encoder_out', 'embedding', 'none'
     # LN_b on encoder_out for the loss; like LN_a below it is built whenever asked for,
-    # even with no embedding loss, as in the seeds' runs (their parameter counts show it)
+    # even with no embedding loss, as in the write-up's runs (their parameter counts show it)
     ln_encoder_out: bool = True
     embedding_ln: str = "init"  # LN_a on E before the running mean ('init'), after ('avg'), 'none'
 
@@ -280,7 +281,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """All parameters, tied weights once, without the position table (the seeds')."""
+        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
         n_params = sum(p.numel() for p in self.parameters())
         return n_params - self.transformer.wpe.weight.numel()
 
@@ -335,7 +336,7 @@ class GPT(nn.Module):
             E = self.transformer.ln_a(E)
         # E_avg_i = mean of E_0..E_i, as one matmul with the (T, T) averaging matrix whose
         # row i holds 1/(i+1) on columns 0..i (torch 2.11's compiler fails on cumsum here).
-        # float64: exact sums whatever autocast and TF32 do to float32 matmuls; the seeds'
+        # float64: exact sums whatever autocast and TF32 do to float32 matmuls; the write-up's
         # embedding loss falls to ~1e-9, far below bf16's resolution.
         T = E.size(1)
         rows = torch.arange(1, T + 1, device=E.device, dtype=torch.float64).view(T, 1)

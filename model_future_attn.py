@@ -1,12 +1,14 @@
 """
-Future Attention (seed 000): a GPT whose attention also predicts what it may not see.
+Future Attention: a GPT whose attention also predicts what it may not see.
 
-A causal mask throws away the scores of query i against keys j > i. Future attention
-lets each query score future_dim learned "future keys" K_future as well, puts those
-scores A_future into ONE softmax with the causal scores A (the joint A_omni), and adds
-the future part's output, read from learned "future values" V_future, to the usual one.
-The model cannot peek (K_future, V_future are parameters, not tokens), and a training
-loss pulls out_future towards out*_future, what the real future keys and values gave.
+The Future Attention write-up (github.com/yiphei/yif-AI, future_attention/README.md)
+starts from the scores a causal mask throws away: query i against keys j > i. Future
+attention lets each query score future_dim learned "future keys" K_future as well, puts
+those scores A_future into ONE softmax with the causal scores A (the joint A_omni), and
+adds the future part's output, read from learned "future values" V_future, to the usual
+one. The model cannot peek (K_future, V_future are parameters, not tokens), and a
+training loss pulls out_future towards out*_future, what the real future keys and
+values would have given.
 
 For query i, with s = 1/sqrt(hs), and future column m standing for key position m+1:
     A[i, j]        = s * q_i . k_j              j <= i
@@ -16,10 +18,14 @@ For query i, with s = 1/sqrt(hs), and future column m standing for key position 
 The target, from the real scores over j <= min(i + future_dim, T-1):
     out*_future_i = sum_{j > i} softmax(A*)[i, j] v_j
     future_attn_loss = MSE(out_future, out*_future) or mean(1 - (1 + cos) / 2)
+The future set of query i depends on i and C only, never on T, so the layer is causal:
+a prefix of length T gives the same outputs as the full sequence at its positions. The
+last position C-1 has no future entries: it is plain causal attention there.
 
-future_attention below computes exactly these lines; read it first. The same layer has two
-faster versions after it, chosen by future_attention_auto and tested against it: a blocked
-one (CPU, and the fallback) and one through FlexAttention (CUDA, memory linear in T).
+Read top to bottom: future_attention computes exactly these lines, FutureAttention is the
+layer, then the blocks, the config and the GPT. At the end of the file, two faster
+versions of future_attention (blocked, and FlexAttention on a GPU) compute the same
+function; test_future_attn_fast.py checks them against it.
 """
 
 import inspect
@@ -29,6 +35,137 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+# --------------------------------------------------------------------------------------
+# future attention (masks: True = may attend, everywhere in this file)
+
+
+def future_attention_weights(q, k, K_future, K_future_bias=None, *, future_dim, with_target=False):
+    """The attention weights of the write-up's equations, for per-head q, k of shape (B, H, T, hs).
+
+    K_future is (H, hs, C-1), the optional K_future_bias (H, 1, C-1). Returns (P_omni, P_star):
+    P_omni = softmax([A | A_future]), (B, H, T, T+F), over the T real keys and then the
+    F = min(T-1+future_dim, C-1) future columns any query reaches, column m standing for key
+    position m+1; P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim,
+    the target's weights (None unless with_target). visualize.py draws both.
+    """
+    B, H, T, hs = q.shape
+    C = K_future.size(-1) + 1
+    s = 1.0 / math.sqrt(hs)
+    i = torch.arange(T, device=q.device).view(T, 1)  # query positions
+
+    # A: the causal scores q_i . k_j, j <= i
+    A = (q @ k.transpose(-2, -1)) * s  # (B, H, T, hs) @ (B, H, hs, T) -> (B, H, T, T)
+    j = torch.arange(T, device=q.device).view(1, T)  # key positions
+    causal = j <= i  # (T, T)
+
+    # A_future: scores against the learned future keys; column m stands for key m+1.
+    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
+    n_future = min(T - 1 + future_dim, C - 1)
+    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
+    if K_future_bias is not None:
+        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
+    A_future = A_future * s
+    key = torch.arange(1, n_future + 1, device=q.device).view(1, n_future)  # m + 1
+    future = (key > i) & (key <= i + future_dim)  # (T, F), the band i < m+1 <= i+fd
+
+    # A_omni: both sets side by side under ONE softmax
+    A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
+                        A_future.masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
+    P_omni = F.softmax(A_omni, dim=-1)
+
+    P_star = None
+    if with_target:
+        # A*_omni: the REAL scores over j <= min(i + future_dim, T-1), one softmax
+        P_star = F.softmax(A.masked_fill(~(j <= i + future_dim), float("-inf")), dim=-1)  # (B, H, T, T)
+    return P_omni, P_star
+
+
+def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
+                     *, future_dim, dropout_p=0.0, with_target=False):
+    """The write-up's equations, step by step, for per-head q, k, v of shape (B, H, T, hs).
+
+    K_future (H, hs, C-1) and V_future (H, C-1, hs); the optional biases are (H, 1, C-1)
+    on the future scores and (H, 1, hs) on out_future. Returns (out, out_future,
+    out_future_star), the last None unless with_target.
+    """
+    T = q.size(2)
+    P_omni, P_star = future_attention_weights(q, k, K_future, K_future_bias, future_dim=future_dim,
+                                              with_target=with_target)
+    P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
+    n_future = P_omni.size(-1) - T
+    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+
+    out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+    out_future = P_future @ V_future[:, :n_future]  # (B, H, T, F) @ (H, F, hs) -> (B, H, T, hs)
+    if V_future_bias is not None:
+        out_future = out_future + V_future_bias  # (H, 1, hs) broadcasts
+    out = out_unmasked + out_future
+
+    out_future_star = None
+    if with_target:
+        # out*_future: the part of P* above the diagonal, the real future keys j > i
+        out_future_star = P_star.triu(diagonal=1) @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+    return out, out_future, out_future_star
+
+
+def future_attn_loss(out_future, out_future_star, loss_type):
+    """Distance between the predicted and the true future output, (B, H, T, hs) each."""
+    if loss_type == "mse":
+        return F.mse_loss(out_future, out_future_star)
+    # cosine dissimilarity: 0 when aligned, 1 when opposite; cos of a zero vector is 0
+    cos = F.cosine_similarity(out_future, out_future_star, dim=-1)  # (B, H, T)
+    return (1.0 - (1.0 + cos) / 2.0).mean()
+
+
+class FutureAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.future_dim = config.future_dim
+        self.loss_type = config.future_attn_loss_type
+        self.detach_target = config.detach_future_ground_truth
+        hs = config.n_embd // config.n_head
+        C = config.block_size
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        # one future key and value per key position 1..C-1, per head (init in GPT)
+        self.K_future = nn.Parameter(torch.empty(config.n_head, hs, C - 1))
+        self.V_future = nn.Parameter(torch.empty(config.n_head, C - 1, hs))
+        if config.bias:
+            self.K_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, C - 1))
+            self.V_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, hs))
+        else:
+            self.K_future_bias = self.V_future_bias = None
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, with_target=False):
+        """Returns (y, future_attn_loss); the loss is None unless with_target."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        # future_attention_auto (end of file) runs future_attention above or a faster
+        # version of the same function
+        y, out_future, out_future_star = future_attention_auto(
+            q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
+            future_dim=self.future_dim, dropout_p=self.dropout if self.training else 0.0,
+            with_target=with_target, detach_target=self.detach_target,
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        y = self.resid_dropout(self.c_proj(y))
+        loss = None
+        if with_target:
+            if self.detach_target:
+                out_future_star = out_future_star.detach()
+            loss = future_attn_loss(out_future, out_future_star, self.loss_type)
+        return y, loss
+
 
 # --------------------------------------------------------------------------------------
 # modules shared with model_baseline.py (repeated so this file reads on its own)
@@ -84,75 +221,215 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-# --------------------------------------------------------------------------------------
-# future attention (masks: True = may attend, everywhere in this file)
+class Block(nn.Module):
+    """A pre-LayerNorm block whose attention is causal or, if `future`, future attention."""
 
+    def __init__(self, config, future):
+        super().__init__()
+        self.future = future
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = FutureAttention(config) if future else CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
 
-def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
-                     *, future_dim, dropout_p=0.0, with_target=False):
-    """The write-up's equations, step by step, for per-head q, k, v of shape (B, H, T, hs).
-
-    K_future (H, hs, C-1) and V_future (H, C-1, hs); the optional biases are (H, 1, C-1)
-    on the future scores and (H, 1, hs) on out_future. Returns (out, out_future,
-    out_future_star), the last None unless with_target. The future set of query i
-    depends on i and C only, never on T, so a prefix sees exactly what the full
-    sequence sees at its positions.
-    """
-    B, H, T, hs = q.shape
-    C = K_future.size(-1) + 1
-    s = 1.0 / math.sqrt(hs)
-    i = torch.arange(T, device=q.device).view(T, 1)  # query positions
-
-    # A: the causal scores q_i . k_j, j <= i
-    A = (q @ k.transpose(-2, -1)) * s  # (B, H, T, hs) @ (B, H, hs, T) -> (B, H, T, T)
-    j = torch.arange(T, device=q.device).view(1, T)  # key positions
-    causal = j <= i  # (T, T)
-
-    # A_future: scores against the learned future keys; column m stands for key m+1.
-    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
-    n_future = min(T - 1 + future_dim, C - 1)
-    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
-    if K_future_bias is not None:
-        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
-    A_future = A_future * s
-    key = torch.arange(1, n_future + 1, device=q.device).view(1, n_future)  # m + 1
-    future = (key > i) & (key <= i + future_dim)  # (T, F), the band i < m+1 <= i+fd
-
-    # A_omni: both sets side by side under ONE softmax, then dropout
-    A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
-                        A_future.masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
-    P_omni = F.softmax(A_omni, dim=-1)
-    P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
-
-    out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
-    out_future = P_future @ V_future[:, :n_future]  # (B, H, T, F) @ (H, F, hs) -> (B, H, T, hs)
-    if V_future_bias is not None:
-        out_future = out_future + V_future_bias  # (H, 1, hs) broadcasts
-    out = out_unmasked + out_future
-
-    out_future_star = None
-    if with_target:
-        # A*_omni: the REAL scores over j <= min(i + future_dim, T-1), one softmax;
-        # out*_future keeps the part above the diagonal, j > i
-        A_star = A.masked_fill(~(j <= i + future_dim), float("-inf"))  # (B, H, T, T)
-        P_star = F.softmax(A_star, dim=-1)
-        out_future_star = P_star.masked_fill(causal, 0.0) @ v  # (B, H, T, hs)
-    return out, out_future, out_future_star
-
-
-def future_attn_loss(out_future, out_future_star, loss_type):
-    """Distance between the predicted and the true future output, (B, H, T, hs) each."""
-    if loss_type == "mse":
-        return F.mse_loss(out_future, out_future_star)
-    # cosine dissimilarity: 0 when aligned, 1 when opposite; cos of a zero vector is 0
-    cos = F.cosine_similarity(out_future, out_future_star, dim=-1)  # (B, H, T)
-    return (1.0 - (1.0 + cos) / 2.0).mean()
+    def forward(self, x, with_target=False):
+        loss = None
+        if self.future:
+            y, loss = self.attn(self.ln_1(x), with_target=with_target)
+        else:
+            y = self.attn(self.ln_1(x))
+        x = x + y
+        x = x + self.mlp(self.ln_2(x))
+        return x, loss
 
 
 # --------------------------------------------------------------------------------------
-# fast future attention: the same equations, computed leaner. future_attention_auto
-# picks one; test_future_attn_fast.py checks each against future_attention above.
+# config
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
+    block_size: int = 200  # C, the context length (the write-ups' context_size)
+    n_layer: int = 28  # L, number of blocks
+    n_head: int = 9  # H, attention heads per block
+    n_embd: int = 144  # d, the residual width; head size hs = d / H
+    dropout: float = 0.0  # the write-ups use 0.0
+    bias: bool = False  # biases in Linear, LayerNorm and on the future scores/outputs
+    future_dim: int = None  # fd, future keys per query, 1..C-1; None -> C-1; 50 was best
+    start_layer: int = 1  # first future-attention layer, 1-indexed
+    end_layer: int = None  # last future-attention layer, inclusive; None -> n_layer
+    future_attn_loss_type: str = "mse"  # 'mse' or 'cosine'; mse was best
+    future_attn_loss_coeff: float = 1.0  # scale of the future attention loss
+    use_future_attn_loss: bool = True  # add it to the loss (it is logged either way)
+    detach_future_ground_truth: bool = True  # no gradient through out*_future; True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 for future attention, got {self.block_size}")
+        if self.future_dim is None:
+            self.future_dim = self.block_size - 1
+        if self.end_layer is None:
+            self.end_layer = self.n_layer
+        if (not isinstance(self.future_dim, int) or isinstance(self.future_dim, bool)
+                or not 1 <= self.future_dim <= self.block_size - 1):
+            raise ValueError(
+                f"future_dim must be an integer in 1..block_size-1 "
+                f"(1..{self.block_size - 1}), got {self.future_dim!r}"
+            )
+        if not isinstance(self.start_layer, int) or not 1 <= self.start_layer <= self.n_layer:
+            raise ValueError(f"start_layer must be in 1..n_layer (1..{self.n_layer}), got {self.start_layer!r}")
+        if not isinstance(self.end_layer, int) or not self.start_layer <= self.end_layer <= self.n_layer:
+            raise ValueError(
+                f"end_layer must be in start_layer..n_layer ({self.start_layer}..{self.n_layer}), "
+                f"got {self.end_layer!r}"
+            )
+        if self.future_attn_loss_type not in ("mse", "cosine"):
+            raise ValueError(
+                f"future_attn_loss_type must be 'mse' or 'cosine', got {self.future_attn_loss_type!r}"
+            )
+        if not isinstance(self.future_attn_loss_coeff, (int, float)) or self.future_attn_loss_coeff < 0:
+            raise ValueError(
+                f"future_attn_loss_coeff must be a number >= 0, got {self.future_attn_loss_coeff!r}"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# model
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([
+                Block(config, future=config.start_layer <= layer <= config.end_layer)
+                for layer in range(1, config.n_layer + 1)
+            ]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # residual out-projections (GPT-2)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            elif name.endswith(("K_future", "V_future")):
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self):
+        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
+        n_params = sum(p.numel() for p in self.parameters())
+        return n_params - self.transformer.wpe.weight.numel()
+
+    def forward(self, idx, targets=None):
+        """Returns (logits, loss, aux); aux = {'future_attn_loss': unscaled} in training."""
+        B, T = idx.size()
+        C = self.config.block_size
+        if T > C:
+            raise ValueError(f"sequence length {T} exceeds block_size {C}")
+        with_target = self.training and targets is not None
+        if with_target and T != C:
+            raise ValueError(
+                f"training with targets needs sequences of exactly block_size ({C}) tokens, "
+                f"got {T}: out*_future reads real keys up to position C-1"
+            )
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        layer_losses = []
+        for block in self.transformer.h:
+            x, layer_loss = block(x, with_target=with_target)
+            if layer_loss is not None:
+                layer_losses.append(layer_loss)
+        x = self.transformer.ln_f(x)  # (B, T, d)
+
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None, {}
+        logits = self.lm_head(x)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        aux = {}
+        if with_target:
+            aux["future_attn_loss"] = torch.stack(layer_losses).mean()  # mean over layers
+            if self.config.use_future_attn_loss:
+                loss = loss + self.config.future_attn_loss_coeff * aux["future_attn_loss"]
+        return logits, loss, aux
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # matrices decay, K_future and V_future included; biases and gains do not
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                is_matrix = p.dim() >= 2 and not name.endswith("_bias")
+                (decay if is_matrix else no_decay).append(p)
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    def flops_per_token(self):
+        """Training FLOPs (forward + backward) per token at T = block_size."""
+        cfg = self.config
+        T, d = cfg.block_size, cfg.n_embd
+        # 6 per weight per token; K_future and V_future are weights of the q . K_future
+        # and P_future V_future matmuls, so they count there too
+        flops = 6 * self.get_num_params() + cfg.n_layer * 12 * d * T
+        # the target's extra P* v matmul, forward only when detached
+        n_future_layers = cfg.end_layer - cfg.start_layer + 1
+        flops += n_future_layers * 2 * d * T * (1 if cfg.detach_future_ground_truth else 3)
+        return flops
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / flops_promised
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+# --------------------------------------------------------------------------------------
+# faster future attention: the same function as future_attention, computed leaner.
+# future_attention_auto picks one; test_future_attn_fast.py checks each against future_attention.
 
 FUTURE_ATTN_IMPL = "auto"  # 'auto', 'readable', 'fast' or 'flex'; bench.py and tests set it
 
@@ -321,256 +598,3 @@ def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, fu
             out_future_star = flex(q, torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2),
                                    block_mask=block_mask)  # (B, H, T, hs)
     return out, out_future, out_future_star
-
-
-class FutureAttention(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        assert config.n_embd % config.n_head == 0
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.dropout = config.dropout
-        self.future_dim = config.future_dim
-        self.loss_type = config.future_attn_loss_type
-        self.detach_target = config.detach_future_ground_truth
-        hs = config.n_embd // config.n_head
-        C = config.block_size
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        # one future key and value per key position 1..C-1, per head (init in GPT)
-        self.K_future = nn.Parameter(torch.empty(config.n_head, hs, C - 1))
-        self.V_future = nn.Parameter(torch.empty(config.n_head, C - 1, hs))
-        if config.bias:
-            self.K_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, C - 1))
-            self.V_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, hs))
-        else:
-            self.K_future_bias = self.V_future_bias = None
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x, with_target=False):
-        """Returns (y, future_attn_loss); the loss is None unless with_target."""
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        y, out_future, out_future_star = future_attention_auto(
-            q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
-            future_dim=self.future_dim, dropout_p=self.dropout if self.training else 0.0,
-            with_target=with_target, detach_target=self.detach_target,
-        )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
-        y = self.resid_dropout(self.c_proj(y))
-        loss = None
-        if with_target:
-            if self.detach_target:
-                out_future_star = out_future_star.detach()
-            loss = future_attn_loss(out_future, out_future_star, self.loss_type)
-        return y, loss
-
-
-class Block(nn.Module):
-    """A pre-LayerNorm block whose attention is causal or, if `future`, future attention."""
-
-    def __init__(self, config, future):
-        super().__init__()
-        self.future = future
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = FutureAttention(config) if future else CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
-
-    def forward(self, x, with_target=False):
-        loss = None
-        if self.future:
-            y, loss = self.attn(self.ln_1(x), with_target=with_target)
-        else:
-            y = self.attn(self.ln_1(x))
-        x = x + y
-        x = x + self.mlp(self.ln_2(x))
-        return x, loss
-
-
-# --------------------------------------------------------------------------------------
-# config
-
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the seeds'
-    block_size: int = 200  # C, the context length (the seeds' context_size)
-    n_layer: int = 28  # L, number of blocks
-    n_head: int = 9  # H, attention heads per block
-    n_embd: int = 144  # d, the residual width; head size hs = d / H
-    dropout: float = 0.0  # the seeds use 0.0
-    bias: bool = False  # biases in Linear, LayerNorm and on the future scores/outputs
-    future_dim: int = None  # fd, future keys per query, 1..C-1; None -> C-1; 50 was best
-    start_layer: int = 1  # first future-attention layer, 1-indexed
-    end_layer: int = None  # last future-attention layer, inclusive; None -> n_layer
-    future_attn_loss_type: str = "mse"  # 'mse' or 'cosine'; mse was best
-    future_attn_loss_coeff: float = 1.0  # scale of the future attention loss
-    use_future_attn_loss: bool = True  # add it to the loss (it is logged either way)
-    detach_future_ground_truth: bool = True  # no gradient through out*_future; True
-
-    def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 for future attention, got {self.block_size}")
-        if self.future_dim is None:
-            self.future_dim = self.block_size - 1
-        if self.end_layer is None:
-            self.end_layer = self.n_layer
-        if (not isinstance(self.future_dim, int) or isinstance(self.future_dim, bool)
-                or not 1 <= self.future_dim <= self.block_size - 1):
-            raise ValueError(
-                f"future_dim must be an integer in 1..block_size-1 "
-                f"(1..{self.block_size - 1}), got {self.future_dim!r}"
-            )
-        if not isinstance(self.start_layer, int) or not 1 <= self.start_layer <= self.n_layer:
-            raise ValueError(f"start_layer must be in 1..n_layer (1..{self.n_layer}), got {self.start_layer!r}")
-        if not isinstance(self.end_layer, int) or not self.start_layer <= self.end_layer <= self.n_layer:
-            raise ValueError(
-                f"end_layer must be in start_layer..n_layer ({self.start_layer}..{self.n_layer}), "
-                f"got {self.end_layer!r}"
-            )
-        if self.future_attn_loss_type not in ("mse", "cosine"):
-            raise ValueError(
-                f"future_attn_loss_type must be 'mse' or 'cosine', got {self.future_attn_loss_type!r}"
-            )
-        if not isinstance(self.future_attn_loss_coeff, (int, float)) or self.future_attn_loss_coeff < 0:
-            raise ValueError(
-                f"future_attn_loss_coeff must be a number >= 0, got {self.future_attn_loss_coeff!r}"
-            )
-
-
-# --------------------------------------------------------------------------------------
-# model
-
-
-class GPT(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([
-                Block(config, future=config.start_layer <= layer <= config.end_layer)
-                for layer in range(1, config.n_layer + 1)
-            ]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
-        ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
-
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):  # residual out-projections (GPT-2)
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-            elif name.endswith(("K_future", "V_future")):
-                nn.init.normal_(p, mean=0.0, std=0.02)
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def get_num_params(self):
-        """All parameters, tied weights once, without the position table (the seeds')."""
-        n_params = sum(p.numel() for p in self.parameters())
-        return n_params - self.transformer.wpe.weight.numel()
-
-    def forward(self, idx, targets=None):
-        """Returns (logits, loss, aux); aux = {'future_attn_loss': unscaled} in training."""
-        B, T = idx.size()
-        C = self.config.block_size
-        if T > C:
-            raise ValueError(f"sequence length {T} exceeds block_size {C}")
-        with_target = self.training and targets is not None
-        if with_target and T != C:
-            raise ValueError(
-                f"training with targets needs sequences of exactly block_size ({C}) tokens, "
-                f"got {T}: out*_future reads real keys up to position C-1"
-            )
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        layer_losses = []
-        for block in self.transformer.h:
-            x, layer_loss = block(x, with_target=with_target)
-            if layer_loss is not None:
-                layer_losses.append(layer_loss)
-        x = self.transformer.ln_f(x)  # (B, T, d)
-
-        if targets is None:
-            return self.lm_head(x[:, [-1], :]), None, {}
-        logits = self.lm_head(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
-        aux = {}
-        if with_target:
-            aux["future_attn_loss"] = torch.stack(layer_losses).mean()  # mean over layers
-            if self.config.use_future_attn_loss:
-                loss = loss + self.config.future_attn_loss_coeff * aux["future_attn_loss"]
-        return logits, loss, aux
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # matrices decay, K_future and V_future included; biases and gains do not
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                is_matrix = p.dim() >= 2 and not name.endswith("_bias")
-                (decay if is_matrix else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
-
-    def flops_per_token(self):
-        """Training FLOPs (forward + backward) per token at T = block_size."""
-        cfg = self.config
-        T, d = cfg.block_size, cfg.n_embd
-        # 6 per weight per token; K_future and V_future are weights of the q . K_future
-        # and P_future V_future matmuls, so they count there too
-        flops = 6 * self.get_num_params() + cfg.n_layer * 12 * d * T
-        # the target's extra P* v matmul, forward only when detached
-        n_future_layers = cfg.end_layer - cfg.start_layer + 1
-        flops += n_future_layers * 2 * d * T * (1 if cfg.detach_future_ground_truth else 3)
-        return flops
-
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
-        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
-        return flops_per_iter / dt / flops_promised
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
-        for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
-        return idx

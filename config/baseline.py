@@ -1,5 +1,5 @@
-# Seed run "baseline" (seeds 000 and 001, appendix): baseline GPT, 16,036,800 parameters.
-# Seed result after 9k steps on one A100: val loss 3.424, train loss 2.937.
+# The write-ups' run "baseline" (appendix of both the Future Attention and the Encoder-Decoder write-up): baseline GPT, 16,036,800 parameters.
+# Published result after 9k steps on one A100: val loss 3.424, train loss 2.937.
 #   python train.py config/baseline.py
 
 out_dir = "out-baseline"
@@ -14,7 +14,7 @@ n_layer = 26
 dropout = 0.0
 bias = False
 
-# training: the seeds' common settings (SPEC.md)
+# training: the settings common to every run of the write-ups
 # 50 batch × 16 accum × 200 tokens = 160,000 tokens per step; × 9000 steps = 1.44B tokens
 batch_size = 50
 gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
@@ -27,6 +27,6 @@ decay_lr = True
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
-grad_clip = 0.0  # the seeds did not clip
+grad_clip = 0.0  # the write-ups did not clip
 eval_interval = 500
 eval_iters = 200

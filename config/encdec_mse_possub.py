@@ -1,5 +1,5 @@
-# Seed run "with MSE embedding loss and pos sub" (seed 001, appendix): auto-regressive encoder-decoder, 15,763,500 parameters.
-# Seed result after 9k steps on one A100: val loss 3.378, train loss 2.982, embedding loss 4.673e-9 (the baseline: 3.424; the best run of both write-ups).
+# The Auto-regressive Encoder-Decoder Transformer write-up's run "with MSE embedding loss and pos sub" (its appendix): auto-regressive encoder-decoder, 15,763,500 parameters.
+# Published result after 9k steps on one A100: val loss 3.378, train loss 2.982, embedding loss 4.673e-9 (the baseline: 3.424; the best run of both write-ups).
 #   python train.py config/encdec_mse_possub.py
 
 out_dir = "out-encdec_mse_possub"
@@ -24,7 +24,7 @@ detach = "encoder_out"  # the embedding loss trains the embeddings, not the enco
 ln_encoder_out = True
 embedding_ln = "init"
 
-# training: the seeds' common settings (SPEC.md)
+# training: the settings common to every run of the write-ups
 # 50 batch × 16 accum × 200 tokens = 160,000 tokens per step; × 9000 steps = 1.44B tokens
 batch_size = 50
 gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
@@ -37,6 +37,6 @@ decay_lr = True
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
-grad_clip = 0.0  # the seeds did not clip
+grad_clip = 0.0  # the write-ups did not clip
 eval_interval = 500
 eval_iters = 200

@@ -1,5 +1,5 @@
-# Seed run "future_dim = 50 MSE" (seed 000, appendix): future attention, 15,817,248 parameters.
-# Seed result after 9k steps on one A100: val loss 3.419, train loss 3.017, future attention loss 0.07681 (the baseline: 3.424; the best future-attention run).
+# The Future Attention write-up's run "future_dim = 50 MSE" (its appendix): future attention, 15,817,248 parameters.
+# Published result after 9k steps on one A100: val loss 3.419, train loss 3.017, future attention loss 0.07681 (the baseline: 3.424; the best future-attention run).
 #   python train.py config/future50_mse.py
 
 out_dir = "out-future50_mse"
@@ -21,7 +21,7 @@ future_attn_loss_coeff = 1.0
 use_future_attn_loss = True
 detach_future_ground_truth = True
 
-# training: the seeds' common settings (SPEC.md)
+# training: the settings common to every run of the write-ups
 # 50 batch × 16 accum × 200 tokens = 160,000 tokens per step; × 9000 steps = 1.44B tokens
 batch_size = 50
 gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
@@ -34,6 +34,6 @@ decay_lr = True
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
-grad_clip = 0.0  # the seeds did not clip
+grad_clip = 0.0  # the write-ups did not clip
 eval_interval = 500
 eval_iters = 200
