@@ -143,13 +143,26 @@ class FutureAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, with_target=False):
-        """Returns (y, future_attn_loss); the loss is None unless with_target."""
+    def heads(self, x):
+        """q, k, v of the layer input x (B, T, d), each split into heads: (B, nh, T, hs)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        return q, k, v
+
+    def attention_weights(self, x):
+        """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d):
+        the joint softmax this layer computes and its target's (for visualize.py)."""
+        q, k, _ = self.heads(x)
+        return future_attention_weights(q, k, self.K_future, self.K_future_bias,
+                                        future_dim=self.future_dim, with_target=True)
+
+    def forward(self, x, with_target=False):
+        """Returns (y, future_attn_loss); the loss is None unless with_target."""
+        B, T, C = x.size()
+        q, k, v = self.heads(x)
         # future_attention_auto (end of file) runs future_attention above or a faster
         # version of the same function
         y, out_future, out_future_star = future_attention_auto(
