@@ -39,9 +39,11 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
+import cli
 import configurator
+import hardware
 import model_future_attn
-import train
+import settings
 
 BENCH_DEFAULTS = dict(
     iters=20,  # timed steps per run
@@ -81,7 +83,7 @@ def parse_args(argv):
     runs = []
     for path in paths or [None]:
         try:
-            config = train.get_config(([path] if path else []) + train_flags)
+            config = settings.get_config(([path] if path else []) + train_flags)
         except configurator.ConfigError as e:
             raise configurator.ConfigError(f"{e}\nbench.py's own keys: {', '.join(BENCH_DEFAULTS)}") from None
         future = config["model_type"] == "future_attn"
@@ -119,10 +121,9 @@ def build(label, config, impl, micro_steps=1):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast."""
     device = config["device"]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    dtype, autocast = train.autocast_for(config["dtype"], device_type)
+    dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
-    module = train.MODELS[config["model_type"]]
-    model = module.GPT(module.GPTConfig(**train.model_args_of(config))).to(device)
+    model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
     optimizer = model.configure_optimizers(
         config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
     )
@@ -340,19 +341,16 @@ def profile(run, bench):
         print(f"  trace written to {bench['profile_trace']} (open it in chrome://tracing or ui.perfetto.dev)")
 
 
+@cli.main
 def main(argv):
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
         return 0
-    try:
-        bench, runs = parse_args(argv)
-    except (configurator.ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    bench, runs = parse_args(argv)
     device = runs[0][1]["device"]
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    bench["peak_flops"] = train.peak_flops(device) if cuda else None
+    bench["peak_flops"] = hardware.peak_flops(device) if cuda else None
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
     print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")
@@ -386,4 +384,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -34,10 +34,11 @@ import time
 
 import torch
 
+import cli
 import configurator
 import model_future_attn
-import train
-from configurator import ConfigError
+import settings
+from cli import ConfigError, UserError
 
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
@@ -83,8 +84,8 @@ def parse_args(argv):
             raise ConfigError(f"{key} must be at least {least}, got {check[key]}")
     try:
         # the config file alone (with the flags' model_type): what "original → checked" reports
-        original = train.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
-        config = train.get_config(paths + train_flags)
+        original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+        config = settings.get_config(paths + train_flags)
     except ConfigError as e:
         raise ConfigError(f"{e}\ncheck_causal.py's own keys: {', '.join(CHECK_DEFAULTS)}") from None
     return check, original, config, set(overrides)
@@ -138,12 +139,12 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
 
 def model_args_for(config, sizes):
     """The GPTConfig fields of config with sizes applied, resolved and validated."""
-    return train.model_args_of(dict(config, **sizes))
+    return settings.model_args_of(dict(config, **sizes))
 
 
 def describe_changes(original, model_args):
     """'key original → checked, ...' for the model settings that differ from the config file's."""
-    before = train.model_args_of(original)
+    before = settings.model_args_of(original)
     return ", ".join(f"{k} {before[k]} → {v}" for k, v in model_args.items() if before[k] != v)
 
 
@@ -168,7 +169,7 @@ class Leak:
                 f"token embedding at position {self.later} is {self.amount:.3g}, not 0 ({self.setting})")
 
 
-class CheckError(Exception):
+class CheckError(UserError):
     """The check could not see what it must see (a model it does not know how to read)."""
 
 
@@ -185,9 +186,8 @@ def randomize(model, generator):
 
 
 def build(model_type, model_args, seed):
-    module = train.MODELS[model_type]
     torch.manual_seed(seed)
-    model = module.GPT(module.GPTConfig(**model_args)).double()
+    model = settings.build_model(model_type, model_args).double()
     randomize(model, torch.Generator().manual_seed(seed))
     return model
 
@@ -360,23 +360,22 @@ def above_chance(accuracy, samples, chance):
     return accuracy > chance + PROBE_Z * math.sqrt(chance * (1 - chance) / samples)
 
 
-def probe(model_type, model_args, settings, seed=0, log=print):
+def probe(model_type, model_args, options, seed=0, log=print):
     """Trains on the reversal task; returns a dict of accuracies and the verdict."""
-    n, V = settings["probe_length"], settings["probe_vocab"]
-    module = train.MODELS[model_type]
+    n, V = options["probe_length"], options["probe_vocab"]
     torch.manual_seed(seed)
-    model = module.GPT(module.GPTConfig(**model_args))  # its own init, float32: a real training run
-    optimizer = model.configure_optimizers(0.0, settings["probe_lr"], (0.9, 0.98), "cpu")
+    model = settings.build_model(model_type, model_args)  # its own init, float32: a real training run
+    optimizer = model.configure_optimizers(0.0, options["probe_lr"], (0.9, 0.98), "cpu")
     g = torch.Generator().manual_seed(seed)
     eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, torch.Generator().manual_seed(seed + 1))
     model.train()
     t0, step, last_log = time.time(), 0, time.time()
     while True:
-        steps_done = settings["probe_steps"] > 0 and step >= settings["probe_steps"]
-        time_up = settings["probe_steps"] <= 0 and time.time() - t0 >= settings["probe_seconds"]
+        steps_done = options["probe_steps"] > 0 and step >= options["probe_steps"]
+        time_up = options["probe_steps"] <= 0 and time.time() - t0 >= options["probe_seconds"]
         if steps_done or time_up:
             break
-        idx, targets = reversal_batch(settings["probe_batch"], n, V, g)
+        idx, targets = reversal_batch(options["probe_batch"], n, V, g)
         _, loss, _ = model(idx, targets)
         loss.backward()
         optimizer.step()
@@ -425,68 +424,62 @@ def report_probe(result, V, log=print):
 # --------------------------------------------------------------------------------------
 
 
-def plan(settings, original, config, user_keys):
+def plan(options, original, config, user_keys):
     """(the model settings of the exact checks, those of the probe model or None)."""
-    if settings["full_size"]:
+    if options["full_size"]:
         sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
         if "positions" not in user_keys:
-            settings["positions"] = 16  # a forward and a backward per position: minutes at the seed sizes
+            options["positions"] = 16  # a forward and a backward per position: minutes at the seed sizes
     else:
         sizes = shrunk_sizes(original, config, fixed=user_keys,
                              block_size=min(original["block_size"], CHECK_BLOCK_SIZE),
                              vocab_size=min(original["vocab_size"], CHECK_VOCAB))
     model_args = model_args_for(config, sizes)
-    if not settings["probe"]:
+    if not options["probe"]:
         return model_args, None
     # the probe's length and digits are its own; the user's other settings apply
     sizes = shrunk_sizes(original, config, fixed=user_keys - {"block_size", "vocab_size"},
-                         block_size=settings["probe_length"], vocab_size=settings["probe_vocab"])
+                         block_size=options["probe_length"], vocab_size=options["probe_vocab"])
     return model_args, model_args_for(config, sizes)
 
 
+@cli.main
 def main(argv):
+    """Exit status: 0 causal, 1 a leak (or a probe that learned nothing), 2 a bad setting."""
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
         return 0
-    try:
-        settings, original, config, user_keys = parse_args(argv)
-        model_args, probe_args = plan(settings, original, config, user_keys)
-        changes = describe_changes(original, model_args)
-        probe_changes = probe_args and describe_changes(original, probe_args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not settings["full_size"]:
+    options, original, config, user_keys = parse_args(argv)
+    model_args, probe_args = plan(options, original, config, user_keys)
+    changes = describe_changes(original, model_args)
+    probe_changes = probe_args and describe_changes(original, probe_args)
+    if not options["full_size"]:
         torch.set_num_threads(1)  # tensors this small keep one core busy; more threads only wait
     model_type = config["model_type"]
     path = next(a for a in argv if not a.startswith("--"))
     print(f"{path}: {model_type}")
-    if settings["full_size"]:
+    if options["full_size"]:
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
     else:
         print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
-    which = f"{settings['positions']} positions spread over T" if settings["positions"] else "every position"
-    print(f"float64 on the CPU, random weights (every parameter), batch {settings['batch']}, {which}, "
+    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
+    print(f"float64 on the CPU, random weights (every parameter), batch {options['batch']}, {which}, "
           f"seed {config['seed']}")
-    try:
-        leak = check(model_type, model_args, batch=settings["batch"], positions=settings["positions"],
-                     seed=config["seed"])
-    except CheckError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    leak = check(model_type, model_args, batch=options["batch"], positions=options["positions"],
+                 seed=config["seed"])
     if leak:
         print(leak)
         return 1
     print("causal: no logit depends on a later token (each token changed in turn, and by gradient), "
           "in eval and train mode")
     if probe_args:
-        print(f"probe: reversal of {settings['probe_length']} digits 0..{settings['probe_vocab'] - 1}; {probe_changes}")
-        result = probe(model_type, probe_args, settings, seed=config["seed"])
-        report_probe(result, settings["probe_vocab"])
+        print(f"probe: reversal of {options['probe_length']} digits 0..{options['probe_vocab'] - 1}; {probe_changes}")
+        result = probe(model_type, probe_args, options, seed=config["seed"])
+        report_probe(result, options["probe_vocab"])
         if result["verdict"] != "causal":
             return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

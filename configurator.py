@@ -17,12 +17,10 @@ ConfigError that lists all the problems and the valid keys.
 import ast
 import os
 
+from cli import ConfigError  # noqa: F401 (the scripts' error for a bad setting, also importable from here)
+
 SIMPLE_TYPES = (bool, int, float, str, type(None))
 HELP_FLAGS = ("-h", "--help")
-
-
-class ConfigError(ValueError):
-    """A bad setting; the scripts print the message (no traceback) and exit with status 2."""
 
 
 def read_config_file(path):

@@ -16,7 +16,8 @@ import json
 import os
 import sys
 
-import train
+import cli
+import settings
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,7 +43,7 @@ BUDGET_KEYS = ("max_iters", "batch_size", "gradient_accumulation_steps", "learni
                "grad_clip", "eval_iters")
 
 
-class ReportError(Exception):
+class ReportError(cli.UserError):
     """A run that cannot be reported; its message is printed and the other runs go on."""
 
 
@@ -86,7 +87,7 @@ def final_numbers(records):
 @functools.cache
 def seed_configs():
     """{name: config} of config/<name>.py for every config in WRITEUP."""
-    return {name: train.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
+    return {name: settings.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
 
 
 def writeup_match(start):
@@ -95,7 +96,7 @@ def writeup_match(start):
     model_args of the start record); out_dir, data and seed may be anything."""
     for name, config in seed_configs().items():
         # through JSON, as the start record went, so tuples and lists compare equal
-        model_args = json.loads(json.dumps(train.model_args_of(config)))
+        model_args = json.loads(json.dumps(settings.model_args_of(config)))
         if start["model_type"] == config["model_type"] and start.get("model_args") == model_args:
             run_config = start["config"]
             return name, {key: (run_config.get(key), config[key]) for key in BUDGET_KEYS
@@ -182,7 +183,8 @@ def plot(out_dirs, path):
     return True
 
 
-def main(argv=None):
+@cli.main
+def main(argv):
     parser = argparse.ArgumentParser(description="Compare train.py runs from their log.jsonl.")
     parser.add_argument("out_dirs", nargs="+", help="out_dir of each run")
     parser.add_argument("--plot", metavar="FILE.png", help="also save loss curves here (needs matplotlib)")

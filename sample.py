@@ -15,9 +15,11 @@ import sys
 import tiktoken
 import torch
 
+import cli
 import configurator
-from configurator import ConfigError
-from train import DTYPES, TrainError, autocast_for, check_device, load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
+from cli import ConfigError, UserError
+from hardware import DTYPES, autocast_for, check_device
 
 DEFAULTS = dict(
     out_dir="out",  # the training run whose ckpt.pt to sample from
@@ -78,7 +80,7 @@ def sample(config):
     try:
         enc = tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise TrainError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
+        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
                          f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files") from None
     ids = enc.encode(prompt, allowed_special={"<|endoftext|>"})
     if not ids:
@@ -97,24 +99,17 @@ def sample(config):
     return samples
 
 
-def main(argv=None):
+@cli.main
+def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
-    argv = sys.argv[1:] if argv is None else argv
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, DEFAULTS))
         return 0
-    try:
-        config = configurator.merge(DEFAULTS, *configurator.parse(argv))
-        check_settings(config)
-        for text in sample(config):
-            print(text)
-            print("---------------")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except TrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    config = configurator.merge(DEFAULTS, *configurator.parse(argv))
+    check_settings(config)
+    for text in sample(config):
+        print(text)
+        print("---------------")
     return 0
 
 

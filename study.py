@@ -28,9 +28,12 @@ import time
 
 import torch
 
+import cli
+import data
 import report
-import train
-from configurator import ConfigError
+import settings
+from checkpoint import load_checkpoint
+from cli import ConfigError, UserError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run
@@ -136,8 +139,8 @@ def plan_runs(configs, seeds, out_root, flags):
     for seed in seeds:
         for name, path in zip(names, configs):
             out_dir = os.path.join(out_root, f"{name}-seed{seed}")
-            config = train.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
-            train.model_args_of(config)  # a bad model setting fails here, not in every run
+            config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
+            settings.model_args_of(config)  # a bad model setting fails here, not in every run
             runs.append(Run(len(runs) + 1, len(seeds) * len(configs), name, path, seed, config))
     return runs
 
@@ -161,7 +164,7 @@ def settings_differ(start, config):
         return os.path.realpath(a) == os.path.realpath(b) if key == "data_dir" else a == b
     differ = [f"{key} {start['config'].get(key)!r} (this study: {config[key]!r})"
               for key in SAME_RUN_KEYS if not same(key, start["config"].get(key), config[key])]
-    if start.get("model_args") != json.loads(json.dumps(train.model_args_of(config))):
+    if start.get("model_args") != json.loads(json.dumps(settings.model_args_of(config))):
         differ.append("the model settings")
     return differ
 
@@ -184,8 +187,8 @@ def find_state(run):
         run.state, run.iter = "finished", run.max_iters
     elif has_checkpoint:
         try:  # the checkpoint, not the log: a kill between saving and logging leaves the log behind
-            run.iter = train.load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
-        except train.TrainError as e:
+            run.iter = load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
+        except UserError as e:
             run.state = "failed"
             say(f"[{run.index}/{run.total}] {run.name}: cannot resume: {e}")
             return
@@ -309,7 +312,7 @@ def train_runs(runs, slots, flags, progress_s):
         say(f"finished before: {', '.join(finished)}")
     for data_dir in sorted({run.config["data_dir"] for run in todo}):
         config = next(run.config for run in todo if run.config["data_dir"] == data_dir)
-        train.check_data(data_dir, config["block_size"], config["vocab_size"])
+        data.check_data(data_dir, config["block_size"], config["vocab_size"])
     say(f"{len(todo)} of {len(runs)} runs to train, {len(slots)} at a time" if todo else "nothing to train")
     progress = Progress(runs, progress_s)
     running = {}
@@ -396,7 +399,7 @@ def tabulate(runs, seeds, flags):
         results = [run_result(run) for run in config_runs]
         finished = [r for r in results if r["finished"]]
         config = config_runs[0].config
-        match = report.writeup_match(dict(model_type=config["model_type"], model_args=train.model_args_of(config), config=config))
+        match = report.writeup_match(dict(model_type=config["model_type"], model_args=settings.model_args_of(config), config=config))
         rows.append(dict(
             config=name, config_path=config_runs[0].config_path,
             params=next((r["params"] for r in results if "params" in r), None),
@@ -496,31 +499,24 @@ def write_table(runs, seeds, flags, out_root):
     return table
 
 
-def main(argv=None):
+@cli.main
+def main(argv):
     """Command-line entry: 0 when every run finished, 1 when one failed, 2 for bad input."""
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
-        slots = pick_gpus(args.gpus)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args = parse_args(argv)
+    runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
+    slots = pick_gpus(args.gpus)
     failed = []
     if not args.report_only:
         for run in runs:
             find_state(run)
         try:
             failed = train_runs(runs, slots, args.flags, args.progress_s)
-        except train.TrainError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
         except KeyboardInterrupt:
             print("stopped: run the same command again to resume", file=sys.stderr)
             return 130
     write_table(runs, args.seeds, args.flags, args.out_root)
     if failed:
-        print(f"error: {len(failed)} runs failed: {', '.join(run.name for run in failed)}", file=sys.stderr)
-        return 1
+        raise UserError(f"{len(failed)} runs failed: {', '.join(run.name for run in failed)}")
     return 0
 
 

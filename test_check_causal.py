@@ -22,7 +22,7 @@ import check_causal
 import model_baseline
 import model_encdec
 import model_future_attn
-import train
+import settings
 from test_models import MODELS, TINY
 
 
@@ -49,7 +49,7 @@ def test_every_config_is_causal(path):
     assert check_causal.check(model_type, model_args, log=silent) is None
 
 
-MODULE_TYPES = {module: name for name, module in train.MODELS.items()}
+MODULE_TYPES = {module: name for name, module in settings.MODELS.items()}
 
 
 @pytest.mark.parametrize("name", MODELS)

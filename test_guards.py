@@ -17,8 +17,12 @@ import torch
 
 import bench
 import check_causal
+import data
+import hardware
 import sample
+import settings
 import train
+from checkpoint import load_checkpoint
 from test_train import REPO, TINY, VOCAB, config_for, flags, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -70,8 +74,8 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
 
 LOCK_HOLDER = """
 import sys, time
-import train
-lock = train.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
+import run_dir
+lock = run_dir.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -134,7 +138,7 @@ def test_damaged_checkpoint_message_gives_no_unsafe_advice(data_dir, tmp_path, c
 
 
 def test_non_finite_loss_before_any_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
-    module = train.MODELS["baseline"]
+    module = settings.MODELS["baseline"]
     forward = module.GPT.forward
 
     def poisoned_forward(self, idx, targets=None):
@@ -165,7 +169,7 @@ def meta_of(path):
     meta = {}
     for split in ("train", "val"):
         tokens = np.fromfile(path / f"{split}.bin", dtype=np.uint16)
-        meta[split] = dict(tokens=len(tokens), sha256=train.sha256_of(path / f"{split}.bin"),
+        meta[split] = dict(tokens=len(tokens), sha256=data.sha256_of(path / f"{split}.bin"),
                            max_token_id=int(tokens.max()))
     return meta
 
@@ -246,12 +250,12 @@ def test_warmup_as_long_as_decay_fails_before_training_not_after(data_dir, tmp_p
 
 def test_gpu_config_on_a_cpu_says_it_will_be_slow(capsys):
     for path, slow in (("config/baseline.py", True), ("config/tiny_cpu.py", False)):
-        config = train.get_config([os.path.join(REPO, path), "--device=cpu", "--compile=False"])
-        module = train.MODELS[config["model_type"]]
+        config = settings.get_config([os.path.join(REPO, path), "--device=cpu", "--compile=False"])
+        module = settings.MODELS[config["model_type"]]
         with torch.device("meta"):  # the FLOP count needs the shapes only
-            model = module.GPT(module.GPTConfig(**train.model_args_of(config)))
+            model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
         tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        train.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+        hardware.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
         out = capsys.readouterr().out
         assert ("this config is sized for a GPU: 17 TFLOP per optimizer step" in out) == slow, out
         assert ("use config/tiny_cpu.py" in out) == slow
@@ -311,11 +315,11 @@ def test_accumulated_micro_steps_equal_one_large_batch(model_type, data_dir, tmp
     for name, batch_size, accum in (("split", 4, 2), ("whole", 8, 1)):
         train.train(config_for(data_dir, tmp_path / name, batch_size=batch_size,
                                gradient_accumulation_steps=accum, **settings))
-    split, whole = (train.load_checkpoint(tmp_path / name / "ckpt.pt")["optimizer"]["state"] for name in ("split", "whole"))
+    split, whole = (load_checkpoint(tmp_path / name / "ckpt.pt")["optimizer"]["state"] for name in ("split", "whole"))
     assert split.keys() == whole.keys()
     for index in split:
         torch.testing.assert_close(split[index]["exp_avg"], whole[index]["exp_avg"], rtol=1e-4, atol=1e-9)
     # and the check can fail: a different batch gives different gradients
     train.train(config_for(data_dir, tmp_path / "other", batch_size=8, seed=7, **settings))
-    other = train.load_checkpoint(tmp_path / "other" / "ckpt.pt")["optimizer"]["state"]
+    other = load_checkpoint(tmp_path / "other" / "ckpt.pt")["optimizer"]["state"]
     assert not torch.allclose(other[0]["exp_avg"], whole[0]["exp_avg"], rtol=1e-4, atol=1e-9)

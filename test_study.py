@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import report
+import settings
 import study
-import train
+from checkpoint import load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TINY = """
@@ -98,7 +99,7 @@ def test_study_trains_every_config_and_seed(finished_study):
         assert [r["init_from"] for r in starts(out_dir)] == ["scratch"]
         assert records[0]["config"]["seed"] == int(name[-1])
         assert [r["iter"] for r in records if r["type"] == "eval"] == [0, 2, 4]
-        assert train.load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["iter_num"] == 4
+        assert load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["iter_num"] == 4
         with open(os.path.join(out_dir, "train.out")) as f:
             assert "eval at iter 4:" in f.read()  # the child's own output is kept
     # the seeds really differ
@@ -166,7 +167,7 @@ def test_kill_then_resume(tiny, tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    killed_at = train.load_checkpoint(str(ckpt_path))["iter_num"]
+    killed_at = load_checkpoint(str(ckpt_path))["iter_num"]
     assert 0 < killed_at < 100
     status, out, _ = run_study(argv)
     assert status == 0 and f"[1/1] base-seed7: resuming from iter {killed_at}" in out
@@ -385,9 +386,9 @@ def write_log(out_dir, records, tail=""):
 
 def fake_run(config_argv, iters=300, val_loss=3.7):
     """Records of a run of the model that config_argv gives, as train.py logs them."""
-    config = train.get_config(config_argv)
+    config = settings.get_config(config_argv)
     start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1, tokens_per_iter=160_000,
-                 iter_num=0, init_from="scratch", config=config, model_args=train.model_args_of(config), time=0.0)
+                 iter_num=0, init_from="scratch", config=config, model_args=settings.model_args_of(config), time=0.0)
     aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}
     return [start, dict(type="train", iter=iters, loss=3.5, aux=aux, time=10.0),
             dict(type="eval", iter=iters, train_loss=3.6, val_loss=val_loss, best_val_loss=val_loss, saved=True, time=12.0)]

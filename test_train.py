@@ -17,11 +17,12 @@ import pytest
 import torch
 
 import configurator
-import model_baseline
-import model_future_attn
+import data
 import report
 import sample
+import settings
 import train
+from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import ConfigError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +42,7 @@ def flags(**settings):
 
 
 def config_for(data_dir, out_dir, **overrides):
-    return train.get_config(flags(**{**TINY, "data_dir": data_dir, "out_dir": str(out_dir), **overrides}))
+    return settings.get_config(flags(**{**TINY, "data_dir": data_dir, "out_dir": str(out_dir), **overrides}))
 
 
 def read_log(out_dir):
@@ -68,17 +69,17 @@ def test_config_file_then_flags(tmp_path):
     path = tmp_path / "my_config.py"
     path.write_text("import math\nbatch_size = 7\nlearning_rate = 1e-3\nout_dir = 'from-file'\n"
                     "_scratch = 5\ndef helper():\n    pass\n")
-    config = train.get_config([str(path), "--batch_size=9", "--min_lr=0", "--dtype=float16", "--compile=False"])
+    config = settings.get_config([str(path), "--batch_size=9", "--min_lr=0", "--dtype=float16", "--compile=False"])
     assert config["batch_size"] == 9  # the flag wins over the file
     assert config["learning_rate"] == 1e-3 and config["out_dir"] == "from-file"
     assert config["min_lr"] == 0.0 and isinstance(config["min_lr"], float)  # int accepted for float
     assert config["dtype"] == "float16" and config["compile"] is False
-    assert config["max_iters"] == train.DEFAULTS["max_iters"]
+    assert config["max_iters"] == settings.DEFAULTS["max_iters"]
 
 
 def test_unknown_key_lists_the_valid_keys(capsys):
     with pytest.raises(ConfigError, match="unknown key 'batch_sise'") as e:
-        train.get_config(["--batch_sise=3"])
+        settings.get_config(["--batch_sise=3"])
     assert "valid keys:" in str(e.value) and "batch_size" in str(e.value)
     assert train.main(["--batch_sise=3"]) == 2
     err = capsys.readouterr().err
@@ -87,7 +88,7 @@ def test_unknown_key_lists_the_valid_keys(capsys):
 
 def test_wrong_types_are_all_reported():
     with pytest.raises(ConfigError) as e:
-        train.get_config(["--batch_size=3.5", "--compile=1", "--learning_rate=fast"])
+        settings.get_config(["--batch_size=3.5", "--compile=1", "--learning_rate=fast"])
     message = str(e.value)
     assert "batch_size=3.5" in message and "compile=1" in message and "learning_rate='fast'" in message
     with pytest.raises(ConfigError, match="flags are written --key=value"):
@@ -98,18 +99,18 @@ def test_wrong_types_are_all_reported():
 
 def test_model_keys_are_valid_only_for_their_model(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'future_dim'"):
-        train.get_config(["--future_dim=50"])  # the baseline has no future_dim
-    assert train.get_config(["--model_type=future_attn", "--future_dim=50"])["future_dim"] == 50
+        settings.get_config(["--future_dim=50"])  # the baseline has no future_dim
+    assert settings.get_config(["--model_type=future_attn", "--future_dim=50"])["future_dim"] == 50
     path = tmp_path / "fa.py"
     path.write_text("model_type = 'future_attn'\n")
-    assert train.get_config([str(path), "--future_dim=7"])["future_dim"] == 7  # model_type from the file
+    assert settings.get_config([str(path), "--future_dim=7"])["future_dim"] == 7  # model_type from the file
     with pytest.raises(ConfigError, match="unknown key 'embedding_loss_type'"):
-        train.get_config(["--model_type=future_attn", "--embedding_loss_type=mse"])
+        settings.get_config(["--model_type=future_attn", "--embedding_loss_type=mse"])
     with pytest.raises(ConfigError, match="model_type must be one of"):
-        train.get_config(["--model_type=lstm"])
+        settings.get_config(["--model_type=lstm"])
     # a value the model rejects comes back as a ConfigError naming the field
     with pytest.raises(ConfigError, match="future_dim"):
-        train.model_args_of(train.get_config(["--model_type=future_attn", "--future_dim=500"]))
+        settings.model_args_of(settings.get_config(["--model_type=future_attn", "--future_dim=500"]))
 
 
 def test_every_seed_config_has_a_file():
@@ -119,10 +120,10 @@ def test_every_seed_config_has_a_file():
 
 @pytest.mark.parametrize("name, expected", SEED_PARAMS.items())
 def test_seed_config_builds_the_seed_parameter_count(name, expected):
-    config = train.get_config([os.path.join(REPO, "config", f"{name}.py")])
-    module = train.MODELS[config["model_type"]]
+    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
+    module = settings.MODELS[config["model_type"]]
     with torch.device("meta"):  # shapes only, no memory or init time
-        model = module.GPT(module.GPTConfig(**train.model_args_of(config)))
+        model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
     assert model.get_num_params() == expected
     assert config["out_dir"] == f"out-{name}"
     seed_settings = dict(vocab_size=50257, block_size=200, bias=False, batch_size=50, gradient_accumulation_steps=16,
@@ -148,13 +149,13 @@ def test_lr_schedule():
 
 def test_batches_are_shifted_windows(data_dir):
     generator = torch.Generator().manual_seed(0)
-    x, y = train.get_batch(data_dir, "train", generator, batch_size=3, block_size=16, device="cpu")
-    data = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
+    x, y = data.get_batch(data_dir, "train", generator, batch_size=3, block_size=16, device="cpu")
+    tokens = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
     assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
-    windows = np.lib.stride_tricks.sliding_window_view(data, 16)  # (N - 15, 16)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, 16)  # (N - 15, 16)
     starts = np.flatnonzero((windows == x[0].numpy()).all(axis=1))  # where x[0] comes from
-    assert any(np.array_equal(data[i + 1:i + 17], y[0].numpy()) for i in starts)
+    assert any(np.array_equal(tokens[i + 1:i + 17], y[0].numpy()) for i in starts)
 
 
 # --------------------------------------------------------------------------------------
@@ -178,10 +179,10 @@ def test_each_model_trains_logs_and_saves(model_type, data_dir, tmp_path):
         expected_aux = [AUX_KEY[model_type]] if AUX_KEY[model_type] else []
         assert list(r["aux"]) == expected_aux and all(np.isfinite(v) for v in r["aux"].values())
     assert all(np.isfinite(r["val_loss"]) and np.isfinite(r["train_loss"]) for r in evals)
-    checkpoint = train.load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
+    checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 4 and checkpoint["model_type"] == model_type
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in checkpoint["model"])
-    restored = train.model_from_checkpoint(checkpoint)
+    restored = model_from_checkpoint(checkpoint)
     for name, p in result["model"].state_dict().items():
         assert torch.equal(p, restored.state_dict()[name])
 
@@ -242,7 +243,7 @@ def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys):
 @pytest.mark.parametrize("model_type, poisoned", [("baseline", "loss"), ("future_attn", "future_attn_loss")])
 def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisoned, data_dir, tmp_path,
                                                              monkeypatch, capsys):
-    module = train.MODELS[model_type]
+    module = settings.MODELS[model_type]
     forward, calls = module.GPT.forward, []
 
     def poisoned_forward(self, idx, targets=None):
@@ -262,7 +263,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
     assert train.main(argv) == 1
     err = capsys.readouterr().err
     assert f"iteration 4: non-finite {poisoned} (" in err and "Traceback" not in err
-    checkpoint = train.load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
+    checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 2  # saved at the eval of step 2, never after
     assert all(torch.isfinite(p).all() for p in checkpoint["model"].values())
     assert max(r.get("iter", 0) for r in read_log(tmp_path)) == 3
@@ -276,8 +277,8 @@ def test_accumulation_must_divide_the_world_size(data_dir, tmp_path):
 
 WORKER = """
 import os, sys, torch
-import train
-config = train.get_config(sys.argv[1:])
+import settings, train
+config = settings.get_config(sys.argv[1:])
 result = train.train(config)
 torch.save(result["model"].state_dict(), os.path.join(config["out_dir"], f"rank{os.environ['RANK']}.pt"))
 # all done: skip the interpreter's teardown, where gloo's threads abort a process now and
@@ -302,7 +303,7 @@ def test_two_process_ddp_on_gloo(data_dir, tmp_path):
     assert start["world_size"] == 2 and start["tokens_per_iter"] == 4 * 4 * 16
     assert "tokens per iteration: 4 micro-steps × 4 sequences × 16 tokens = 256" in proc.stdout
     assert [r["iter"] for r in read_log(tmp_path) if r["type"] == "train"] == [1, 2, 3]
-    checkpoint = train.load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
+    checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 3 and len(checkpoint["rng"]) == 2
     rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     for name, p in rank0.items():  # DDP kept the replicas identical

@@ -1,0 +1,83 @@
+"""
+The token files prepare_wikipedia.py writes (data_dir/train.bin, val.bin: flat uint16 GPT-2
+token ids, nanoGPT's layout, and meta.json): the checks made before training starts, and the
+random batches training and evaluation draw from them.
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import torch
+
+from cli import UserError
+
+DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
+
+
+def check_data(data_dir, block_size, vocab_size):
+    """Refuse, before training starts, data that would fail mid-run: missing, damaged or short
+    files, token ids beyond the vocabulary, or a train.bin and val.bin from two preparations."""
+    meta_path = os.path.join(data_dir, "meta.json")
+    meta = {}
+    if os.path.isfile(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{meta_path} cannot be read ({e}) — run prepare_wikipedia.py again") from None
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        if not os.path.isfile(path):
+            flag = "" if data_dir == DEFAULT_DATA_DIR else f" --out_dir {data_dir}"
+            raise UserError(f"no data at {path} — run `python prepare_wikipedia.py{flag}` first")
+        n_bytes = os.path.getsize(path)
+        if n_bytes % 2:
+            raise UserError(f"{path} has an odd number of bytes ({n_bytes:,}), so it is not whole uint16 "
+                            f"tokens: the file is damaged — prepare the data again")
+        n_tokens = n_bytes // 2
+        if n_tokens < block_size + 1:
+            raise UserError(
+                f"{path} holds {n_tokens} tokens, fewer than block_size + 1 = {block_size + 1}: "
+                f"prepare more text or lower --block_size"
+            )
+        recorded = meta.get(split, {})
+        # meta.json is written last by prepare_wikipedia.py: a .bin that disagrees with it comes
+        # from another preparation (one interrupted between its renames, say)
+        if "tokens" in recorded and recorded["tokens"] != n_tokens:
+            raise UserError(f"{path} holds {n_tokens:,} tokens but {meta_path} records {recorded['tokens']:,}: "
+                            f"the files come from different preparations — prepare the data again")
+        if "sha256" in recorded and sha256_of(path) != recorded["sha256"]:
+            raise UserError(f"{path} does not match the sha256 in {meta_path}: the file changed after it was "
+                            f"prepared — prepare the data again")
+        max_token_id = recorded.get("max_token_id")
+        if max_token_id is None:  # not recorded: scan the tokens once
+            max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
+        if max_token_id >= vocab_size:
+            raise UserError(f"{path} holds token id {max_token_id}, beyond vocab_size {vocab_size}: "
+                            f"set --vocab_size={max_token_id + 1} or more, or prepare the data with this vocabulary")
+    if not meta:
+        print(f"note: {data_dir} has no meta.json, so train.bin and val.bin cannot be checked against "
+              f"each other (prepare_wikipedia.py writes it last; without it, the preparation may not have finished)")
+
+
+def sha256_of(path):
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def get_batch(data_dir, split, generator, batch_size, block_size, device):
+    """batch_size random windows of split.bin: x (B, T) and y, x shifted by one token; int64."""
+    # a fresh memmap per batch: a long-lived np.memmap leaks memory (nanoGPT's note)
+    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])  # (B, T)
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])  # (B, T)
+    if device.startswith("cuda"):
+        # pinned memory lets the copy run asynchronously while the GPU works
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x, y

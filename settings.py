@@ -1,0 +1,139 @@
+"""
+train.py's settings: the defaults, a config file plus --key=value flags made into one checked
+dict, and the model's own fields (each model's GPTConfig). sample.py, bench.py, study.py,
+report.py and check_causal.py read configs through here too.
+
+    config = settings.get_config(["config/future50_mse.py", "--batch_size=25"])
+    model_args = settings.model_args_of(config)      # the GPTConfig fields, resolved
+"""
+
+import dataclasses
+
+import configurator
+import data
+import hardware
+import model_baseline
+import model_encdec
+import model_future_attn
+from cli import ConfigError
+
+MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
+
+# the training settings of every run of the write-ups, their baseline's included
+DEFAULTS = dict(
+    model_type="baseline",  # 'baseline', 'future_attn' or 'encdec': which model_<type>.py
+    # I/O
+    data_dir=data.DEFAULT_DATA_DIR,  # train.bin and val.bin, uint16 tokens (prepare_wikipedia.py)
+    out_dir="out",  # gets log.jsonl and ckpt.pt
+    eval_interval=500,  # optimizer steps between loss estimates (the write-ups' est_interval)
+    eval_iters=200,  # batches per split per estimate (the write-ups' est_steps)
+    log_interval=10,  # optimizer steps between train records
+    eval_only=False,  # estimate the losses once and exit
+    always_save_checkpoint=False,  # save at every eval, not only when val loss improves
+    init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    overwrite=False,  # let a new run replace the run in out_dir: deletes its ckpt.pt and log.jsonl
+    wandb_log=False,  # also log to Weights & Biases (needs `pip install wandb`)
+    wandb_project="transformer-ideas",
+    wandb_run_name="run",
+    # data
+    batch_size=50,  # sequences per micro-step per process
+    gradient_accumulation_steps=16,  # micro-steps per optimizer step, in total over all processes
+    # model: the fields of the chosen model's GPTConfig, with its defaults (default_config)
+    # AdamW
+    learning_rate=9e-4,  # peak learning rate
+    max_iters=9000,  # optimizer steps in all (the write-ups' train_steps)
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.95,
+    grad_clip=0.0,  # clip the gradient norm at this value; 0 = off, as in the write-ups
+    # learning rate: linear warmup, then cosine decay to min_lr at lr_decay_iters
+    decay_lr=True,
+    warmup_iters=300,
+    lr_decay_iters=700_000,  # far beyond max_iters in the write-ups: the rate stays near its peak
+    min_lr=9e-5,
+    # system
+    device=hardware.DEFAULT_DEVICE,  # 'cpu', 'cuda', 'cuda:1', ...
+    dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
+    compile=True,  # torch.compile the model (set False on a CPU: compiling takes minutes there)
+    backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
+    seed=1337,
+)
+
+
+def default_config(model_type):
+    """DEFAULTS plus the fields of the chosen model's GPTConfig, with their defaults."""
+    if model_type not in MODELS:
+        raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, got {model_type!r}")
+    config = dict(DEFAULTS, model_type=model_type)
+    for field in dataclasses.fields(MODELS[model_type].GPTConfig):
+        config.setdefault(field.name, field.default)
+    return config
+
+
+def get_config(argv):
+    """The config dict for `[config_file.py ...] [--key=value ...]`."""
+    files, overrides = configurator.parse(argv)
+    # the valid keys depend on the model, so find model_type first: flag, then file, then default
+    model_type = files.get("model_type", DEFAULTS["model_type"])
+    if "model_type" in overrides:
+        model_type = configurator.read_flag("model_type", overrides["model_type"], "")
+    config = configurator.merge(default_config(model_type), files, overrides)
+    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", hardware.DTYPES)):
+        if config[key] not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+        if config[key] < 1:
+            raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    check_optimizer_settings(config)
+    hardware.check_device(config["device"])
+    return config
+
+
+def check_optimizer_settings(config):
+    """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
+    problems = []
+    if config["learning_rate"] <= 0:
+        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= config[key] < 1:
+            problems.append(f"{key} must be in [0, 1), got {config[key]}")
+    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
+        if config[key] < 0:
+            problems.append(f"{key} must be >= 0, got {config[key]}")
+    if config["decay_lr"]:
+        # the cosine's ratio divides by lr_decay_iters - warmup_iters
+        if config["warmup_iters"] >= config["lr_decay_iters"]:
+            problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
+                            f"({config['lr_decay_iters']}), or set --decay_lr=False")
+        if config["min_lr"] > config["learning_rate"]:
+            problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def usage(doc, argv):
+    """--help: the script's docstring and every key, with the values the rest of argv gives
+    (the defaults if that fails)."""
+    try:
+        config = get_config([arg for arg in argv if arg not in configurator.HELP_FLAGS])
+    except ConfigError:
+        config = default_config(DEFAULTS["model_type"])
+    return configurator.usage(doc, config) + (
+        f"\nThe model keys are those of model_{config['model_type']}.py's GPTConfig; "
+        "--model_type=... --help lists another model's.")
+
+
+def model_args_of(config):
+    """The chosen model's GPTConfig fields, resolved by the dataclass (None defaults filled in)."""
+    module = MODELS[config["model_type"]]
+    args = {field.name: config[field.name] for field in dataclasses.fields(module.GPTConfig)}
+    try:
+        return dataclasses.asdict(module.GPTConfig(**args))
+    except ValueError as e:
+        raise ConfigError(f"{e} (model_type {config['model_type']!r})") from None
+
+
+def build_model(model_type, model_args):
+    """The GPT of model_<model_type>.py with these GPTConfig fields, freshly initialized."""
+    module = MODELS[model_type]
+    return module.GPT(module.GPTConfig(**model_args))
