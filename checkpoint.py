@@ -1,11 +1,18 @@
 """
-Checkpoints: what train.py saves in out_dir/ckpt.pt, and how it is read back (train.py to
-resume, sample.py and the other scripts to load the model).
+Checkpoints: what train.py saves in its out_dir, and how it is read back (train.py to resume,
+sample.py and the other scripts to load a model).
 
-A checkpoint is a dict of plain tensors and Python values (torch.load with weights_only=True
-reads it): the model's type and GPTConfig fields, its weights, AdamW's state, the config, the
-iteration, the best val loss so far, and every random state training reads, one per process,
-so that a resumed run draws exactly what an unbroken one would.
+    out_dir/ckpt.pt  the latest state: written at every evaluation, at the end, and when a
+                     signal stops the run. Model, AdamW's state, the config, the iteration,
+                     the best val loss so far, and every random state training reads, one
+                     per process, so that a resumed run draws exactly what an unbroken one
+                     would. train.py resumes from it.
+    out_dir/best.pt  the model of the evaluation with the lowest val loss (no optimizer
+                     state). sample.py and visualize.py load it unless told otherwise.
+
+Both are dicts of plain tensors and Python values (torch.load with weights_only=True reads
+them), written under a temporary name and then renamed: a crash, a full disk or a second
+Ctrl-C mid-save leaves the previous file whole.
 """
 
 import os
@@ -15,11 +22,12 @@ import numpy as np
 import torch
 
 import settings
-from cli import UserError
+from cli import UserError, write_atomically
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
-KEYS = ("format", "model_type", "model_args", "model", "optimizer", "scaler",
-        "config", "iter_num", "best_val_loss", "rng")
+MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
+TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")  # and last_eval_iter, absent in older files
+FILES = {"latest": "ckpt.pt", "best": "best.pt"}
 
 
 def get_rng_state(batch_generator):
@@ -47,30 +55,60 @@ def set_rng_state(state, batch_generator):
 
 
 def save_checkpoint(path, checkpoint):
-    """Write atomically: a crash mid-save leaves the previous checkpoint whole."""
-    tmp_path = path + ".tmp"
-    torch.save(checkpoint, tmp_path)
-    os.replace(tmp_path, path)
+    """Write atomically (see write_atomically): a crash mid-save leaves the previous file whole."""
+    size = sum(t.numel() * t.element_size() for t in tensors_in(checkpoint))
+    write_atomically(path, lambda f: torch.save(checkpoint, f), size=size)
 
 
-def load_checkpoint(path):
-    """A checkpoint train.py wrote (on the CPU); UserError saying what is wrong otherwise."""
+def tensors_in(value):
+    """Every tensor in a nested dict/list/tuple (a checkpoint), for its size on disk."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
+def load_checkpoint(path, keys=MODEL_KEYS):
+    """A checkpoint train.py wrote (on the CPU) holding `keys` (TRAINING_KEYS to resume from);
+    UserError saying what is wrong otherwise."""
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path} — train one first (python train.py CONFIG --out_dir={os.path.dirname(path) or '.'})")
+        folder = os.path.dirname(path) or "."
+        if os.path.isfile(os.path.join(folder, "log.jsonl")):
+            raise UserError(f"no checkpoint at {path}: the run in {folder} stopped before its first one — start it "
+                            f"again with --overwrite=True (deletes its log.jsonl), or use another --out_dir")
+        raise UserError(f"no checkpoint at {path} — train one first (python train.py CONFIG --out_dir={folder})")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file; torch's own advice (weights_only=False) would run its code
         reason = "not a complete torch file" if isinstance(e, RuntimeError) else "it holds objects train.py never saves"
         raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged ({reason}): "
                         f"train again into a new --out_dir, or resume from a good copy") from None
-    missing = [key for key in KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
+    missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
-        raise UserError(f"{path} is not a checkpoint written by train.py: it lacks {', '.join(missing)}")
+        what = "a checkpoint to resume from (best.pt holds a model only)" if "format" in checkpoint else "a checkpoint"
+        raise UserError(f"{path} is not {what} written by train.py: it lacks {', '.join(missing)}")
     if checkpoint["format"] != FORMAT:
         raise UserError(f"{path} has format {checkpoint['format']!r}; this train.py reads {FORMAT!r}")
     if checkpoint["model_type"] not in settings.MODELS:
         raise UserError(f"{path} holds an unknown model_type {checkpoint['model_type']!r} (known: {', '.join(settings.MODELS)})")
     return checkpoint
+
+
+def model_path(out_dir, which="best"):
+    """out_dir/best.pt ('best') or out_dir/ckpt.pt ('latest'). A run with no best.pt (one from
+    before best.pt existed) gives its ckpt.pt, with a note."""
+    if which not in FILES:
+        raise UserError(f"checkpoint must be 'best' or 'latest', got {which!r}")
+    path = os.path.join(out_dir, FILES[which])
+    latest = os.path.join(out_dir, FILES["latest"])
+    if which == "best" and not os.path.isfile(path) and os.path.isfile(latest):
+        print(f"note: {out_dir} has no best.pt; using its latest state, {latest}")
+        return latest
+    return path
 
 
 def model_from_checkpoint(checkpoint):
@@ -96,17 +134,23 @@ def check_resume(checkpoint, config, model_args):
         raise UserError(f"cannot resume: model settings differ from the checkpoint's: {', '.join(differ)}")
 
 
-def training_state(config, model_args, model, optimizer, scaler, iter_num, best_val_loss, rng):
-    """The checkpoint of a run at iter_num: everything a resumed run needs."""
-    return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args,
-                model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                config=config, iter_num=iter_num, best_val_loss=best_val_loss, rng=rng)
+def model_state(config, model_args, model, iter_num, best_val_loss):
+    """best.pt: the model at iter_num, whose val loss is best_val_loss."""
+    return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args, model=model.state_dict(),
+                config=config, iter_num=iter_num, best_val_loss=best_val_loss)
+
+
+def training_state(config, model_args, model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter):
+    """ckpt.pt: everything a resumed run needs, at iter_num; last_eval_iter says whether the
+    evaluation at iter_num (if it is an eval step) is done, so a resumed run knows to make it."""
+    return dict(model_state(config, model_args, model, iter_num, best_val_loss), optimizer=optimizer.state_dict(),
+                scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter)
 
 
 def resume(path, config, model_args, model, optimizer, scaler, batch_generator, rank):
     """Loads the checkpoint at path into the model, the optimizer, the fp16 scaler and this rank's
-    random states; returns (iter_num, best_val_loss)."""
-    checkpoint = load_checkpoint(path)
+    random states; returns (iter_num, best_val_loss, last_eval_iter)."""
+    checkpoint = load_checkpoint(path, TRAINING_KEYS)
     check_resume(checkpoint, config, model_args)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
@@ -114,4 +158,5 @@ def resume(path, config, model_args, model, optimizer, scaler, batch_generator, 
         scaler.load_state_dict(checkpoint["scaler"])
     if rank < len(checkpoint["rng"]):  # ranks beyond the saving run's keep their fresh seeds
         set_rng_state(checkpoint["rng"][rank], batch_generator)
-    return checkpoint["iter_num"], checkpoint["best_val_loss"]
+    # a checkpoint without last_eval_iter was saved right after its evaluation
+    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint.get("last_eval_iter", checkpoint["iter_num"])

@@ -1,6 +1,7 @@
 """
 What every script does with a mistake the user can fix: one line that says what is wrong and
-what to do, and an exit status; never a traceback.
+what to do, and an exit status; never a traceback. Also the one way files are written: under
+a temporary name, then renamed, so a crash, a full disk or a signal never leaves half a file.
 
     @cli.main
     def main(argv):
@@ -15,10 +16,14 @@ Exit status: 0 done, 1 a failure the user can fix (UserError), 2 a bad setting (
 number, what a shell reports for a process a signal stopped.
 """
 
+import errno
 import functools
+import os
+import shutil
 import signal
 import sys
 import threading
+from contextlib import suppress
 
 
 class UserError(Exception):
@@ -34,11 +39,34 @@ class ConfigError(UserError, ValueError):
 
 
 class Stopped(BaseException):
-    """A signal stopped the script (SIGTERM turned into an exception, as SIGINT already is)."""
+    """A signal stopped the script (SIGTERM turned into an exception, as SIGINT already is);
+    `message` says what was saved, if the script saved anything."""
 
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
+    def __init__(self, signum, message=None):
+        super().__init__(f"stopped by {signal.Signals(signum).name}" if message is None else message)
         self.signum = signum
+
+
+class StopRequests:
+    """Within `with StopRequests() as stop:`, SIGINT (Ctrl-C) and SIGTERM do not interrupt: the
+    signal's number goes to stop.signum, for the script to stop where it can save its work.
+    A second signal stops at once (raises Stopped), for a user who will not wait."""
+
+    def __init__(self):
+        self.signum = None
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def request(self, signum, frame):
+        if self.signum is not None:
+            raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
+        self.signum = signum
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def raise_stopped(signum, frame):
@@ -61,12 +89,66 @@ def main(entry):
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return e.status
-        except (KeyboardInterrupt, Stopped) as e:
-            signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-            print(f"stopped by {signal.Signals(signum).name}", file=sys.stderr)
-            return 128 + signum
+        except KeyboardInterrupt:
+            print("stopped by SIGINT", file=sys.stderr)
+            return 128 + signal.SIGINT
+        except Stopped as e:
+            if str(e):  # empty for the processes of a DDP run that leave the talking to rank 0
+                print(e, file=sys.stderr)
+            return 128 + e.signum
         finally:
             if in_main_thread:
                 signal.signal(signal.SIGTERM, previous)
 
     return wrapped
+
+
+# --------------------------------------------------------------------------------------
+# writing files
+
+ADVICE = {  # what to do when a write fails, by errno
+    errno.ENOSPC: "free some space on that disk, or write to another one",
+    errno.EDQUOT: "free some space under your disk quota, or write elsewhere",
+    errno.EACCES: "check the folder's permissions, or write elsewhere",
+    errno.EPERM: "check the folder's permissions, or write elsewhere",
+    errno.EROFS: "the file system is read-only: write elsewhere",
+}
+
+
+def write_atomically(path, write, size=0):
+    """Calls write(f) on path.tmp (opened "wb"), then renames it to path. A failure (a full
+    disk, a read-only folder, a signal) removes path.tmp and leaves a previous path whole; a
+    disk problem becomes one UserError naming the file, its cause and what to do. `size`, the
+    bytes about to be written, lets a full disk be recognized before anything is written."""
+    tmp_path = path + ".tmp"
+    folder = os.path.dirname(os.path.abspath(path))
+    if size and os.path.isdir(folder) and shutil.disk_usage(folder).free < size:
+        raise UserError(write_problem(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), size))
+    try:
+        with open(tmp_path, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a machine that loses power keeps one whole file
+        os.replace(tmp_path, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp_path)
+        problem = write_problem(path, e, size) if isinstance(e, (OSError, RuntimeError)) else None
+        if problem:
+            raise UserError(problem) from None
+        raise
+
+
+def write_problem(path, error, size=0):
+    """'cannot write PATH: cause; advice' for a failed write, or None for an error that is not
+    the disk's. torch.save reports a full disk as a RuntimeError without errno, so a
+    RuntimeError counts as a full disk when the free space is below `size`."""
+    if isinstance(error, OSError) and error.errno is not None:
+        code, cause = error.errno, error.strerror
+    elif size and shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < size:
+        code, cause = errno.ENOSPC, os.strerror(errno.ENOSPC)
+    else:
+        return None
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free if code == errno.ENOSPC else None
+    room = f" ({size / 1e6:,.0f} MB to write, {free / 1e6:,.0f} MB free)" if free is not None and size else ""
+    return f"cannot write {path}: {cause.lower()}{room}; {ADVICE.get(code, 'check the disk and the path')}"

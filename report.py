@@ -6,8 +6,10 @@ Compares training runs in a table like the write-ups', from each out_dir/log.jso
 
 Train and val loss are the last eval-mode estimates; "aux" is the last logged auxiliary
 loss (unscaled); wall time adds up the time of every launch of the run. A run that trains
-the model of a seed config (config/<name>.py) gets a second line with the write-up's
-published numbers for that config.
+the model of one of the write-ups' configs (config/<name>.py) gets a second line with the
+write-up's published numbers for that config. Evaluations made with --eval_only are not the
+run's: a note lists them under the table. --plot draws the loss curves, and for future
+attention the loss of every layer (the write-up's "L different objectives").
 """
 
 import argparse
@@ -67,7 +69,7 @@ def read_log(out_dir):
             if record.get("type") == "start":
                 launch = record["time"]
                 records = [r for r in records if r.get("iter", 0) <= record["iter_num"]]
-            elif launch is not None:
+            elif launch is not None and record.get("type") != "eval_only":  # an evaluation later on is not training time
                 wall_s += record["time"] - max(launch, records[-1]["time"])
             records.append(record)
     if not any(r.get("type") == "start" for r in records):
@@ -104,12 +106,18 @@ def writeup_match(start):
     return None
 
 
+def main_aux(aux):
+    """The auxiliary loss of a train record's aux (each model logs at most one, besides its
+    per-layer list), or None."""
+    return next((v for v in aux.values() if not isinstance(v, list)), None)
+
+
 def format_aux(aux):
-    return ", ".join(f"{k} {v:.4g}" for k, v in aux.items()) or "-"
+    return ", ".join(f"{k} {v:.4g}" for k, v in aux.items() if not isinstance(v, list)) or "-"
 
 
 def summarize(out_dir):
-    """(row of the table, write-up row or None, note or None) for one run."""
+    """(row of the table, write-up row or None, notes) for one run."""
     records, wall_s = read_log(out_dir)
     start, last_eval, aux = final_numbers(records)
     evals = [r for r in records if r["type"] == "eval"]
@@ -128,9 +136,12 @@ def summarize(out_dir):
         "aux loss": format_aux(aux),
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
     }
+    notes = [f"{run}: evaluated with --eval_only (not the run's numbers) at iter {r['iter']} on {r['data_dir']}, "
+             f"{r['eval_iters']} batches: train loss {r['train_loss']:.3f}, val loss {r['val_loss']:.3f}"
+             for r in records if r["type"] == "eval_only"]
     match = writeup_match(start)
     if match is None:
-        return row, None, None
+        return row, None, notes
     name, budget_differs = match
     published = WRITEUP[name]
     # the published aux under the run's own aux name, so the two lines read alike
@@ -142,11 +153,10 @@ def summarize(out_dir):
     writeup_row.update({"run": f"  write-up: {name}", "params": f"{published['params']:,}",
                         "iters": str(seed["max_iters"]), "tokens": f"{seed_tokens:,}", "train loss": f"{published['train']:.3f}",
                         "val loss": f"{published['val']:.3f}", "aux loss": published_aux})
-    note = None
     if budget_differs:
-        note = f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(
-            f"{key} {ours} (write-up {theirs})" for key, (ours, theirs) in budget_differs.items())
-    return row, writeup_row, note
+        notes.append(f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(
+            f"{key} {ours} (write-up {theirs})" for key, (ours, theirs) in budget_differs.items()))
+    return row, writeup_row, notes
 
 
 def print_table(rows):
@@ -157,7 +167,8 @@ def print_table(rows):
 
 
 def plot(out_dirs, path):
-    """Train (logged) and val (estimated) loss against iterations, one line per run."""
+    """Train (logged) and val (estimated) loss against iterations, one line per run; and, if a
+    run logs a per-layer auxiliary loss, that loss per layer, one panel per such run."""
     try:
         import matplotlib
     except ImportError:
@@ -166,10 +177,12 @@ def plot(out_dirs, path):
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for out_dir in out_dirs:
-        records, _ = read_log(out_dir)
-        name = os.path.basename(os.path.normpath(out_dir))
+    runs = [(os.path.basename(os.path.normpath(out_dir)), read_log(out_dir)[0]) for out_dir in out_dirs]
+    per_layer = [(name, key, [r for r in records if r["type"] == "train" and key in r["aux"]])
+                 for name, records in runs for key in layer_keys(records)]
+    fig, axes = plt.subplots(1, 2 + len(per_layer), figsize=(6 * (2 + len(per_layer)), 4.5), squeeze=False)
+    ax_train, ax_val, *ax_layers = axes[0]
+    for name, records in runs:
         trains = [r for r in records if r["type"] == "train"]
         evals = [r for r in records if r["type"] == "eval"]
         ax_train.plot([r["iter"] for r in trains], [r["loss"] for r in trains], label=name)
@@ -177,10 +190,23 @@ def plot(out_dirs, path):
     ax_train.set(title="train loss (with aux losses)", xlabel="iteration", ylabel="loss")
     ax_val.set(title="val loss (cross-entropy)", xlabel="iteration")
     ax_val.legend()
+    for ax, (name, key, trains) in zip(ax_layers, per_layer):
+        losses = [r["aux"][key] for r in trains]  # one list per record: the loss of each layer
+        cmap = plt.get_cmap("viridis")
+        for layer in range(len(losses[0])):
+            ax.plot([r["iter"] for r in trains], [loss[layer] for loss in losses],
+                    color=cmap(layer / max(1, len(losses[0]) - 1)), label=f"layer {layer + 1}")
+        ax.set(title=f"{name}: {key.removesuffix('_per_layer')} by layer", xlabel="iteration")
+        ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    cli.write_atomically(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png"))
     print(f"saved {path}")
     return True
+
+
+def layer_keys(records):
+    """The names of the per-layer auxiliary losses (lists) that a run's train records hold."""
+    return sorted({k for r in records if r["type"] == "train" for k, v in r["aux"].items() if isinstance(v, list)})
 
 
 @cli.main
@@ -192,12 +218,12 @@ def main(argv):
     rows, notes, good = [], [], []
     for out_dir in args.out_dirs:
         try:
-            row, writeup_row, note = summarize(out_dir)
+            row, writeup_row, run_notes = summarize(out_dir)
         except ReportError as e:
             print(f"error: {e}", file=sys.stderr)
             continue
         rows += [row, writeup_row] if writeup_row else [row]
-        notes += [note] if note else []
+        notes += run_notes
         good.append(out_dir)
     if rows:
         print_table(rows)

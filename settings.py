@@ -24,14 +24,13 @@ DEFAULTS = dict(
     model_type="baseline",  # 'baseline', 'future_attn' or 'encdec': which model_<type>.py
     # I/O
     data_dir=data.DEFAULT_DATA_DIR,  # train.bin and val.bin, uint16 tokens (prepare_wikipedia.py)
-    out_dir="out",  # gets log.jsonl and ckpt.pt
-    eval_interval=500,  # optimizer steps between loss estimates (the write-ups' est_interval)
+    out_dir="out",  # gets log.jsonl, ckpt.pt (the latest state) and best.pt (the best model)
+    eval_interval=500,  # optimizer steps between loss estimates and saves (the write-ups' est_interval)
     eval_iters=200,  # batches per split per estimate (the write-ups' est_steps)
     log_interval=10,  # optimizer steps between train records
-    eval_only=False,  # estimate the losses once and exit
-    always_save_checkpoint=False,  # save at every eval, not only when val loss improves
+    eval_only=False,  # with init_from='resume': estimate the losses of ckpt.pt once and exit
     init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-    overwrite=False,  # let a new run replace the run in out_dir: deletes its ckpt.pt and log.jsonl
+    overwrite=False,  # let a new run replace the run in out_dir: deletes its ckpt.pt, best.pt and log.jsonl
     wandb_log=False,  # also log to Weights & Biases (needs `pip install wandb`)
     wandb_project="transformer-ideas",
     wandb_run_name="run",

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,7 @@ import cli
 import data
 import report
 import settings
-from checkpoint import load_checkpoint
+from checkpoint import TRAINING_KEYS, load_checkpoint
 from cli import ConfigError, UserError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
@@ -51,7 +52,7 @@ class Run:
     config_path: str
     seed: int
     config: dict  # train.get_config of the run's command line
-    state: str = "new"  # 'new', 'restart', 'resume', 'evaluate', 'finished' or 'failed', then 'done' or 'failed'
+    state: str = "new"  # 'new', 'restart', 'resume', 'finished' or 'failed', then 'done', 'stopped' or 'failed'
     iter: int = 0  # iterations done as far as we know: from the log, then from train.py's output
     tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread = None  # copies its output (follow)
@@ -170,34 +171,37 @@ def settings_differ(start, config):
 
 
 def find_state(run):
-    """Sets run.state and run.iter from the folder: a run is finished when its checkpoint
-    exists and its log holds the eval record of max_iters, which train.py writes after
-    saving the last checkpoint; one with a checkpoint before that resumes."""
+    """Sets run.state and run.iter from the folder: a run is finished when its checkpoint is at
+    max_iters and its log holds the evaluation there (train.py logs an evaluation, then saves);
+    one with a checkpoint before that resumes (train.py makes an evaluation it missed)."""
     start, records = read_run(run)
-    has_checkpoint = os.path.isfile(os.path.join(run.out_dir, "ckpt.pt"))
-    if start and has_checkpoint:
-        differ = settings_differ(start, run.config)
-        if differ:
-            run.state = "failed"
-            say(f"[{run.index}/{run.total}] {run.name}: {run.out_dir} holds a run trained with {', '.join(differ)}: "
-                f"choose another --out_root, or delete that folder to train the run again")
-            return
-    evals = [r for r in records if r["type"] == "eval"]
-    if has_checkpoint and evals and evals[-1]["iter"] >= run.max_iters:
-        run.state, run.iter = "finished", run.max_iters
-    elif has_checkpoint:
-        try:  # the checkpoint, not the log: a kill between saving and logging leaves the log behind
-            run.iter = load_checkpoint(os.path.join(run.out_dir, "ckpt.pt"))["iter_num"]
-        except UserError as e:
-            run.state = "failed"
-            say(f"[{run.index}/{run.total}] {run.name}: cannot resume: {e}")
-            return
-        # at max_iters already, killed before its final evaluation was logged: evaluate it again
-        run.state = "evaluate" if run.iter >= run.max_iters else "resume"
-    elif os.path.exists(os.path.join(run.out_dir, "log.jsonl")):
-        run.state = "restart"  # stopped before its first checkpoint: nothing to resume from
-    else:
-        run.state = "new"
+    ckpt_path = os.path.join(run.out_dir, "ckpt.pt")
+    if not os.path.isfile(ckpt_path):
+        # stopped before its first checkpoint: nothing to resume from
+        run.state = "restart" if os.path.exists(os.path.join(run.out_dir, "log.jsonl")) else "new"
+        return
+    differ = settings_differ(start, run.config) if start else []
+    if differ:
+        run.state = "failed"
+        say(f"[{run.index}/{run.total}] {run.name}: {run.out_dir} holds a run trained with {', '.join(differ)}: "
+            f"choose another --out_root, or delete that folder to train the run again")
+        return
+    try:
+        run.iter = saved_iteration(ckpt_path)
+    except UserError as e:
+        run.state = "failed"
+        say(f"[{run.index}/{run.total}] {run.name}: cannot resume: {e}")
+        return
+    evals = [r["iter"] for r in records if r["type"] == "eval"]
+    run.state = "finished" if run.iter >= run.max_iters and run.max_iters in evals else "resume"
+
+
+def saved_iteration(path):
+    """The iteration of a checkpoint, read without loading its tensors into memory."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+    except Exception:
+        return load_checkpoint(path, TRAINING_KEYS)["iter_num"]  # raises the UserError that says why
 
 
 # --------------------------------------------------------------------------------------
@@ -212,13 +216,19 @@ def pick_gpus(gpus):
     return list(range(count)) if count > 1 else [None]
 
 
-def run_jobs(jobs, slots, launch, on_done, on_tick, poll_s=0.5):
+def run_jobs(jobs, slots, launch, on_done, on_tick, stop=None, poll_s=0.5):
     """Starts each job, in order, on a free slot (one job per slot at a time) with
     launch(job, slot) -> a process (subprocess.Popen or alike); calls on_done(job, exit code)
-    as each ends and on_tick() in between. Leaving early stops the running processes."""
+    as each ends and on_tick() in between. Once stop.signum is set (cli.StopRequests), starts
+    nothing more, passes the signal on to the running processes and waits for them to end.
+    Leaving early (an exception) stops the running processes."""
     pending, free, running = list(jobs), list(slots), []
     try:
         while pending or running:
+            if stop and stop.signum and pending is not None:
+                pending = None  # nothing more starts
+                for _, _, process in running:
+                    process.send_signal(stop.signum)  # each run saves its state and stops
             while pending and free:
                 job, slot = pending.pop(0), free.pop(0)
                 running.append((job, slot, launch(job, slot)))
@@ -258,10 +268,6 @@ def launch(run, gpu, flags):
     if run.state == "resume":
         command.append("--init_from=resume")
         say(f"[{run.index}/{run.total}] {run.name}: resuming from iter {run.iter:,}{where}")
-    elif run.state == "evaluate":
-        command += ["--init_from=resume", "--eval_only=True"]
-        say(f"[{run.index}/{run.total}] {run.name}: its checkpoint is at max_iters but its final evaluation "
-            f"was not logged: evaluating it{where}")
     elif run.state == "restart":
         command.append("--overwrite=True")
         say(f"[{run.index}/{run.total}] {run.name}: note: {run.out_dir} holds a log but no checkpoint "
@@ -274,8 +280,11 @@ def launch(run, gpu, flags):
     os.makedirs(run.out_dir, exist_ok=True)
     with open(os.path.join(run.out_dir, "train.out"), "a") as out:
         out.write(f"$ {' '.join(command)}\n")
-    # a pipe, not a file: if the study dies, the run's next print fails and the run stops
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # a pipe, not a file: if the study dies, the run's next print fails and the run stops. A
+    # session of its own: a Ctrl-C in the terminal reaches study.py alone, which passes it on
+    # once (a second one would stop the run at once, without saving)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True)
     run.reader = threading.Thread(target=follow, args=(process, run), daemon=True)
     run.reader.start()
     return process
@@ -304,9 +313,10 @@ class Progress:
         say("; ".join([f"[{hms(now - self.t0)}] {done}/{len(self.runs)} runs finished", *at, eta]))
 
 
-def train_runs(runs, slots, flags, progress_s):
-    """Trains the runs that are not finished; returns the runs that failed."""
-    todo = [run for run in runs if run.state in ("new", "restart", "resume", "evaluate")]
+def train_runs(runs, slots, flags, progress_s, stop=None):
+    """Trains the runs that are not finished; returns the runs that failed. A signal (stop, a
+    cli.StopRequests) is passed on to the running runs, which save their state and stop."""
+    todo = [run for run in runs if run.state in ("new", "restart", "resume")]
     finished = [run.name for run in runs if run.state == "finished"]
     if finished:
         say(f"finished before: {', '.join(finished)}")
@@ -329,12 +339,16 @@ def train_runs(runs, slots, flags, progress_s):
             run.state = "done"
             say(f"[{run.index}/{run.total}] {run.name}: done at iter {run.iter:,} in {hms(time.time() - run.started)}")
             return
+        if stop and stop.signum and code == 128 + stop.signum:
+            run.state = "stopped"
+            say(f"[{run.index}/{run.total}] {run.name}: stopped at iter {run.iter:,}, its state saved: {run.tail[-1]}")
+            return
         run.state = "failed"
         lines = "\n".join(f"    {line}" for line in run.tail)
         say(f"[{run.index}/{run.total}] {run.name}: FAILED with exit code {code}; the study goes on. "
             f"Last lines of {os.path.join(run.out_dir, 'train.out')}:\n{lines}")
 
-    run_jobs(todo, slots, start, done, lambda: progress.tick(running.values()))
+    run_jobs(todo, slots, start, done, lambda: progress.tick(running.values()), stop)
     return [run for run in runs if run.state == "failed"]
 
 
@@ -359,6 +373,10 @@ def run_result(run):
     start, records = read_run(run)
     if start is None:
         return dict(seed=run.seed, out_dir=run.out_dir, status="not started", finished=False)
+    differ = settings_differ(start, run.config)
+    if differ:  # not this study's run, whatever its numbers
+        return dict(seed=run.seed, out_dir=run.out_dir, status=f"trained with {', '.join(differ)}", finished=False,
+                    other_settings=True)
     _, last_eval, aux = report.final_numbers(records)
     at = last_eval["iter"] if last_eval else 0
     result = dict(seed=run.seed, out_dir=run.out_dir, iter=at, params=start["num_params"], finished=at == run.max_iters)
@@ -369,7 +387,7 @@ def run_result(run):
     else:
         # each model logs at most one auxiliary loss
         result.update(status="finished", train_loss=last_eval["train_loss"], val_loss=last_eval["val_loss"],
-                      aux_loss=next(iter(aux.values()), None))
+                      aux_loss=report.main_aux(aux))
     return result
 
 
@@ -474,10 +492,11 @@ def markdown(table, out_root):
         lines.append("Write-up: the published numbers of the seed config with the same model (9000 steps on the "
                      "write-ups' own Wikipedia text): compare differences between configs, not absolute losses."
                      + (f" This study trains unlike them: {', '.join(differs)}." if differs else ""))
-    unfinished = [f"{os.path.basename(r['out_dir'])} ({r['status']})" for row in table["configs"]
-                  for r in row["runs"] if not r["finished"]]
-    if unfinished:
-        lines.append(f"Not finished, left out of the means: {', '.join(unfinished)}.")
+    for label, other in (("Not finished", False), ("Trained with other settings than this study's", True)):
+        runs = [f"{os.path.basename(r['out_dir'])} ({r['status']})" for row in table["configs"]
+                for r in row["runs"] if not r["finished"] and r.get("other_settings", False) == other]
+        if runs:
+            lines.append(f"{label}, left out of the means: {', '.join(runs)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -509,11 +528,12 @@ def main(argv):
     if not args.report_only:
         for run in runs:
             find_state(run)
-        try:
-            failed = train_runs(runs, slots, args.flags, args.progress_s)
-        except KeyboardInterrupt:
-            print("stopped: run the same command again to resume", file=sys.stderr)
-            return 130
+        with cli.StopRequests() as stop:  # a signal stops the runs, which save their state first
+            failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
+        if stop.signum:
+            write_table(runs, args.seeds, args.flags, args.out_root)
+            raise cli.Stopped(stop.signum, f"stopped by {signal.Signals(stop.signum).name}: every run that was "
+                                           f"training saved its state; the same command resumes the study")
     write_table(runs, args.seeds, args.flags, args.out_root)
     if failed:
         raise UserError(f"{len(failed)} runs failed: {', '.join(run.name for run in failed)}")

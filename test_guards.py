@@ -51,19 +51,26 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
     out_dir = tmp_path / "run"
     assert train.main(argv_for(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
     before = snapshot(out_dir)
-    assert {"ckpt.pt", "log.jsonl"} <= set(before)
+    assert {"ckpt.pt", "best.pt", "log.jsonl"} <= set(before)
     capsys.readouterr()
-    for extra in ({}, {"eval_only": True}):
+    assert train.main(argv_for(data_dir, out_dir, max_iters=4)) == 1
+    err = last_error(capsys)
+    assert f"{out_dir} already holds a run (ckpt.pt, best.pt, log.jsonl)" in err
+    assert "--init_from=resume" in err and "--overwrite=True" in err
+    assert snapshot(out_dir) == before  # nothing deleted, nothing appended
+    # --eval_only evaluates a saved run: without --init_from=resume it is a bad setting
+    assert train.main(argv_for(data_dir, out_dir, max_iters=4, eval_only=True)) == 2
+    assert "add --init_from=resume" in last_error(capsys)
+    assert snapshot(out_dir) == before
+
+    # a run killed before its first checkpoint leaves only its log: that is refused too, and
+    # both ways out say that --overwrite=True starts it again
+    for name in ("ckpt.pt", "best.pt"):
+        os.remove(out_dir / name)
+    for extra in ({}, {"init_from": "resume"}):
         assert train.main(argv_for(data_dir, out_dir, max_iters=4, **extra)) == 1
         err = last_error(capsys)
-        assert f"{out_dir} already holds a run (ckpt.pt, log.jsonl)" in err
-        assert "--init_from=resume" in err and "--overwrite=True" in err
-        assert snapshot(out_dir) == before  # nothing deleted, nothing appended
-
-    # a run killed before its first checkpoint leaves only its log: that is refused too
-    os.remove(out_dir / "ckpt.pt")
-    assert train.main(argv_for(data_dir, out_dir, max_iters=4)) == 1
-    assert "already holds a run (log.jsonl)" in last_error(capsys)
+        assert "stopped before its first" in err and "again with --overwrite=True" in err
 
     # asked for explicitly, the old run is replaced by the new one
     assert train.main(argv_for(data_dir, out_dir, max_iters=3, eval_interval=3, overwrite=True)) == 0
@@ -137,7 +144,7 @@ def test_damaged_checkpoint_message_gives_no_unsafe_advice(data_dir, tmp_path, c
         assert "weights_only" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_non_finite_loss_before_any_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, capsys):
     module = settings.MODELS["baseline"]
     forward = module.GPT.forward
 
@@ -148,8 +155,8 @@ def test_non_finite_loss_before_any_checkpoint(data_dir, tmp_path, monkeypatch, 
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
     err = last_error(capsys)
-    assert "iteration 1: non-finite loss" in err and "no checkpoint was saved yet" in err
-    assert "keeps the last good state" not in err and not os.path.exists(tmp_path / "ckpt.pt")
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the state of iteration 0" in err
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
 
 
 # --------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import report
 import settings
 import study
-from checkpoint import load_checkpoint
+from checkpoint import TRAINING_KEYS, load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TINY = """
@@ -154,18 +155,22 @@ def test_the_table_holds_mean_and_std_over_seeds(finished_study):
 
 
 def test_kill_then_resume(tiny, tmp_path):
-    # a real kill of the whole process group (study.py and its train.py) after a checkpoint
+    # a real kill -9 of study.py and its train.py after a checkpoint past iteration 0
     argv = [tiny["base"], "--seeds=7", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
-            "--max_iters=100", "--eval_interval=5", "--always_save_checkpoint=True"]
+            "--max_iters=100", "--eval_interval=5"]
     ckpt_path = tmp_path / "base-seed7" / "ckpt.pt"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "study.py"), *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 60
-        while not ckpt_path.exists() and proc.poll() is None and time.time() < deadline:
+        while not (ckpt_path.exists() and study.saved_iteration(str(ckpt_path)) > 0) and time.time() < deadline:
             time.sleep(0.02)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        children += subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in {proc.pid, *map(int, children)}:  # the runs have sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait()
     killed_at = load_checkpoint(str(ckpt_path))["iter_num"]
     assert 0 < killed_at < 100
@@ -204,20 +209,25 @@ def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
     assert "Not finished, left out of the means: base-seed2 (not started), base-seed3 (not started)." in text
 
 
-def test_a_final_evaluation_lost_to_a_kill_is_made_again(finished_study, tiny, tmp_path):
-    # killed between saving the checkpoint at max_iters and logging its evaluation
-    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
-    lines = (tmp_path / "base-seed1" / "log.jsonl").read_text().splitlines(keepends=True)
+def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp_path):
+    # a run stopped by a signal after its last step saves its state without evaluating there:
+    # its checkpoint is at max_iters, its log lacks that evaluation. Resuming makes it.
+    run_dir = tmp_path / "base-seed1"
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), run_dir)
+    lines = (run_dir / "log.jsonl").read_text().splitlines(keepends=True)
     lost = json.loads(lines[-1])
     assert lost["type"] == "eval" and lost["iter"] == 4
-    (tmp_path / "base-seed1" / "log.jsonl").write_text("".join(lines[:-1]))
+    (run_dir / "log.jsonl").write_text("".join(lines[:-1]))
+    saved = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)
+    torch.save(dict(saved, last_eval_iter=2), run_dir / "ckpt.pt")
     status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"])
     assert status == 0, out + err
-    assert "[1/1] base-seed1: its checkpoint is at max_iters but its final evaluation was not logged" in out
-    evaluated = read_log(tmp_path / "base-seed1")[-1]
-    assert evaluated["type"] == "eval" and evaluated["iter"] == 4 and not evaluated["saved"]
-    assert evaluated["val_loss"] == lost["val_loss"]  # the same checkpoint, the same eval batches
-    assert [r["type"] for r in read_log(tmp_path / "base-seed1")].count("train") == 4  # nothing trained again
+    assert "[1/1] base-seed1: resuming from iter 4" in out
+    evaluated = read_log(run_dir)[-1]
+    assert evaluated["type"] == "eval" and evaluated["iter"] == 4
+    assert evaluated["val_loss"] == lost["val_loss"]  # the same model, the same eval batches
+    assert [r["type"] for r in read_log(run_dir)].count("train") == 4  # nothing trained again
+    assert load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["last_eval_iter"] == 4
     with open(tmp_path / "study.md") as f:
         assert "| base | 1 of 1 |" in f.read()
 

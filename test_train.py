@@ -259,7 +259,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
 
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     argv = flags(**{**TINY, "data_dir": data_dir, "out_dir": str(tmp_path), "model_type": model_type,
-                    "max_iters": 6, "eval_interval": 2, "always_save_checkpoint": True})
+                    "max_iters": 6, "eval_interval": 2})
     assert train.main(argv) == 1
     err = capsys.readouterr().err
     assert f"iteration 4: non-finite {poisoned} (" in err and "Traceback" not in err
@@ -272,7 +272,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
 def test_accumulation_must_divide_the_world_size(data_dir, tmp_path):
     config = config_for(data_dir, tmp_path, gradient_accumulation_steps=3)
     with pytest.raises(ConfigError, match=r"gradient_accumulation_steps \(3\).*world size \(2\)"):
-        train.run(config, rank=0, world_size=2, device="cpu")
+        train.check_before_writing(config, world_size=2)
 
 
 WORKER = """

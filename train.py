@@ -22,6 +22,8 @@ import functools
 import math
 import os
 import random
+import shlex
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -86,7 +88,7 @@ def estimate_loss(model, batch, eval_iters, autocast, seed):
 def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
     """The gradients of one optimizer step, accumulated over accum_steps micro-batches per
     process; returns (loss, {aux name: value}), each the mean over the micro-steps (and the
-    processes), as Python floats."""
+    processes): a float, or a list of floats for a per-layer auxiliary loss."""
     X, Y = batch("train")
     totals = 0  # sum over micro-steps of [loss, *aux losses], on the device
     for micro_step in range(accum_steps):
@@ -99,41 +101,39 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
                 X, Y = batch("train")  # fetch while the GPU computes
             # dividing by accum_steps makes the summed gradients those of the mean loss
             scaler.scale(loss / accum_steps).backward()
-        totals = totals + torch.stack([loss.detach().float(), *(v.detach().float() for v in aux.values())])
+        values = [loss, *aux.values()]
+        totals = totals + torch.cat([v.detach().float().view(-1) for v in values])
     means = totals / accum_steps
     if ddp:  # the mean over all processes; every rank then sees the same numbers
         dist.all_reduce(means)
         means /= dist.get_world_size()
-    loss_value, *aux_values = means.tolist()  # one sync with the device per step
+    means = means.tolist()  # one sync with the device per step
+    loss_value, *aux_values = [means.pop(0) if v.dim() == 0 else [means.pop(0) for _ in range(v.numel())]
+                               for v in values]
     return loss_value, dict(zip(aux.keys(), aux_values))
 
 
-def check_finite(iteration, loss, aux, ckpt_path):
+def check_finite(iteration, loss, aux, ckpt_path, saved_iter):
     """Stop before a non-finite loss reaches the weights (the optimizer has not stepped yet)."""
-    values = [("loss", loss), *aux.items()]
+    values = [("loss", loss), *flat_aux(aux)]
     bad = [name for name, v in values if not math.isfinite(v)]
     if bad:
-        # the out_dir holds this run alone (claim_out_dir), so a checkpoint there is this run's
-        kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was saved yet"
         raise UserError(f"iteration {iteration}: non-finite {', '.join(bad)} ({', '.join(f'{n} {v}' for n, v in values)}); "
-                        f"stopped, {kept} — try a lower --learning_rate or --grad_clip=1.0")
+                        f"stopped, {ckpt_path} keeps the state of iteration {saved_iter} — try a lower "
+                        f"--learning_rate or --grad_clip=1.0")
 
 
 # --------------------------------------------------------------------------------------
 # the run
 
 
-def run(config, rank, world_size, device):
-    """Trains the model config describes, in one process of world_size; returns the trained
-    (unwrapped) model, iter_num and best_val_loss."""
+def run(config, rank, world_size, device, stop):
+    """Trains the model config describes, in one process of world_size, until max_iters or a
+    signal (stop.signum); returns the trained (unwrapped) model, iter_num and best_val_loss."""
     master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-    if config["gradient_accumulation_steps"] % world_size:
-        raise ConfigError(f"gradient_accumulation_steps ({config['gradient_accumulation_steps']}) is the total over "
-                          f"all processes and must be divisible by the world size ({world_size})")
     accum_steps = config["gradient_accumulation_steps"] // world_size  # micro-steps per process
     tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
     model_args = settings.model_args_of(config)
-    data.check_data(config["data_dir"], config["block_size"], config["vocab_size"])
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
     config = dict(config, dtype=dtype)  # logged and saved as resolved
@@ -153,19 +153,20 @@ def run(config, rank, world_size, device):
         config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
     )
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # fp16 only
-    iter_num, best_val_loss = 0, float("inf")
+    iter_num, best_val_loss, last_eval_iter = 0, float("inf"), None
     ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
     if config["init_from"] == "resume":
-        iter_num, best_val_loss = checkpoint.resume(ckpt_path, config, model_args, raw_model, optimizer, scaler,
-                                                    batch_generator, rank)
-        if iter_num >= config["max_iters"] and not config["eval_only"]:
-            if master:
-                print(f"{ckpt_path} is at iteration {iter_num} and max_iters is {config['max_iters']}: "
-                      f"nothing to train (raise --max_iters to train on)")
-            return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
+        iter_num, best_val_loss, last_eval_iter = checkpoint.resume(
+            ckpt_path, config, model_args, raw_model, optimizer, scaler, batch_generator, rank)
+        if config["eval_only"]:
+            return evaluate_only(config, raw_model, batch, autocast, iter_num) if master else None
+        finished = iter_num >= config["max_iters"] and last_eval_iter == iter_num
         if master:
-            print(f"resumed from iteration {iter_num} ({ckpt_path}), training to max_iters {config['max_iters']}")
-    start_iter = iter_num
+            print(f"{ckpt_path} is at iteration {iter_num} and max_iters is {config['max_iters']}: nothing to train "
+                  f"(raise --max_iters to train on)" if finished else
+                  f"resumed from iteration {iter_num} ({ckpt_path}), training to max_iters {config['max_iters']}")
+        if finished:
+            return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
 
     model = torch.compile(raw_model) if config["compile"] else raw_model
     eval_model = model  # evaluation runs on rank 0 alone, outside DDP
@@ -176,33 +177,37 @@ def run(config, rank, world_size, device):
         model = DDP(model, device_ids=[torch.device(device)] if device_type == "cuda" else None,
                     find_unused_parameters=unused)
     log_path = os.path.join(config["out_dir"], "log.jsonl")
-    wandb = start_logging(log_path, config, model_args, raw_model, world_size, tokens_per_iter, iter_num) if master else None
-    flops_promised = hardware.peak_flops(device) if master and device_type == "cuda" else None
-    if master and device_type == "cpu":
-        hardware.warn_if_slow_on_cpu(config, raw_model.flops_per_token() * tokens_per_iter)
+    logger = Logger(log_path, config, model_args, raw_model, world_size, tokens_per_iter, iter_num) if master else None
+
+    saved_iter = iter_num if config["init_from"] == "resume" else None  # of ckpt.pt
+
+    def save(rng):  # ckpt.pt: the latest state (rank 0 only)
+        nonlocal saved_iter
+        checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
+            config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter))
+        saved_iter = iter_num
 
     t_last, timed_iters = time.time(), 0
     while True:
-        # estimate the losses and save: every eval_interval steps and at the end (a resumed
-        # run skips its first step: the run that saved the checkpoint evaluated there)
+        # estimate the losses, then save: every eval_interval steps and at the end
         at_eval = iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]
-        if config["eval_only"] or (at_eval and not (iter_num == start_iter and config["init_from"] == "resume")):
+        if at_eval and last_eval_iter != iter_num:
             rng = gather_rng_states(batch_generator, world_size)  # every rank's, for the checkpoint
+            last_eval_iter = iter_num
             if master:
                 losses = estimate_loss(eval_model, batch, config["eval_iters"], autocast, config["seed"])
                 improved = losses["val"] < best_val_loss
                 best_val_loss = min(best_val_loss, losses["val"])
-                at_end = iter_num == config["max_iters"]
-                saved = not config["eval_only"] and iter_num > 0 and (improved or config["always_save_checkpoint"] or at_end)
-                if saved:
-                    checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
-                        config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng))
-                run_dir.log_event(log_path, dict(type="eval", iter=iter_num, train_loss=losses["train"],
-                                                 val_loss=losses["val"], best_val_loss=best_val_loss, saved=saved))
-                if wandb:
-                    wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"]})
+                # the record first: a kill before the save then resumes from the previous
+                # checkpoint, and the resumed launch's records replace this one (report.read_log)
+                logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                                best_val_loss=best_val_loss, best=improved))
+                if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
+                    checkpoint.save_checkpoint(os.path.join(config["out_dir"], "best.pt"), checkpoint.model_state(
+                        config, model_args, raw_model, iter_num, best_val_loss))
+                save(rng)
             t_last, timed_iters = time.time(), 0  # timings leave out evaluation
-        if iter_num >= config["max_iters"] or config["eval_only"]:
+        if iter_num >= config["max_iters"]:
             break
 
         lr = get_lr(iter_num, config)
@@ -210,7 +215,7 @@ def run(config, rank, world_size, device):
             group["lr"] = lr
         loss, aux = forward_backward(model, functools.partial(batch, generator=batch_generator), accum_steps,
                                      autocast, scaler, ddp)
-        check_finite(iter_num + 1, loss, aux, ckpt_path)
+        check_finite(iter_num + 1, loss, aux, ckpt_path, saved_iter)
         if config["grad_clip"] > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
             torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
@@ -223,32 +228,89 @@ def run(config, rank, world_size, device):
         if master and iter_num % config["log_interval"] == 0:
             dt = (time.time() - t_last) / timed_iters  # mean seconds per step since the last record
             t_last, timed_iters = time.time(), 0
-            mfu = flops_promised and raw_model.estimate_mfu(config["batch_size"] * accum_steps, dt, flops_promised)
-            run_dir.log_event(log_path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr,
-                                             ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt, mfu=mfu))
-            if wandb:
-                wandb.log({"iter": iter_num, "train/step_loss": loss, "lr": lr, "mfu": mfu,
-                           **{f"train/{k}": v for k, v in aux.items()}})
+            logger.log_step(iter_num, loss, aux, lr, dt, sequences=config["batch_size"] * accum_steps)
+
+        signum = agreed_stop(stop, ddp, device)  # every process stops after the same step
+        if signum:
+            rng = gather_rng_states(batch_generator, world_size)
+            if master:
+                save(rng)
+            raise cli.Stopped(signum, stopped_note(signum, iter_num, ckpt_path, world_size) if master else "")
 
     return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
 
 
-def start_logging(log_path, config, model_args, model, world_size, tokens_per_iter, iter_num):
-    """The launch's "start" record (printed and logged); Weights & Biases' module if asked for."""
-    run_dir.end_line(log_path)
-    run_dir.log_event(log_path, dict(
-        type="start", model_type=config["model_type"], num_params=model.get_num_params(),
-        world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
-        init_from=config["init_from"], config=config, model_args=model_args,
-    ))
-    if not config["wandb_log"]:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise ConfigError("wandb_log=True needs wandb: `pip install wandb`, or drop --wandb_log") from None
-    wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
-    return wandb
+def evaluate_only(config, model, batch, autocast, iter_num):
+    """--eval_only: the losses of the saved model, printed and logged as an "eval_only" record,
+    which report.py and study.py keep apart from the run's own evaluations."""
+    losses = estimate_loss(model, batch, config["eval_iters"], autocast, config["seed"])
+    record = dict(type="eval_only", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                  data_dir=config["data_dir"], eval_iters=config["eval_iters"])
+    print(f"evaluation only, of {config['out_dir']}/ckpt.pt at iteration {iter_num} on {config['data_dir']} "
+          f"({config['eval_iters']} batches per split): train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    run_dir.append_record(os.path.join(config["out_dir"], "log.jsonl"), record)
+    return dict(model=model, iter_num=iter_num, best_val_loss=None)
+
+
+def stopped_note(signum, iter_num, ckpt_path, world_size):
+    """What the user reads after a signal stopped the run: where, and the command that continues it."""
+    args = [arg for arg in sys.argv[1:] if not arg.startswith(("--init_from=", "--overwrite="))]
+    launcher = ["python", "train.py"] if world_size == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world_size}", "train.py"]
+    command = " ".join(shlex.quote(arg) for arg in [*launcher, *args, "--init_from=resume"])
+    return (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: saved {ckpt_path}; "
+            f"continue with: {command}")
+
+
+def agreed_stop(stop, ddp, device):
+    """The signal that any process was sent (stop.signum), on every process, or None."""
+    if not ddp:
+        return stop.signum
+    flag = torch.tensor([stop.signum or 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() or None
+
+
+class Logger:
+    """Rank 0's records: printed, appended to log.jsonl, and sent to Weights & Biases if asked."""
+
+    def __init__(self, log_path, config, model_args, model, world_size, tokens_per_iter, iter_num):
+        self.path, self.model, self.tokens_per_iter = log_path, model, tokens_per_iter
+        self.wandb = None
+        if config["wandb_log"]:  # first: wandb may fail, and then nothing is logged yet
+            import wandb  # check_before_writing made sure it is installed
+            wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
+            self.wandb = wandb
+        run_dir.end_line(log_path)
+        self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
+                      world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
+                      init_from=config["init_from"], config=config, model_args=model_args))
+        self.flops_promised = hardware.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
+        if not config["device"].startswith("cuda"):
+            hardware.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+
+    def log(self, record):
+        run_dir.log_event(self.path, record)
+        if self.wandb and record["type"] == "eval":
+            self.wandb.log({"iter": record["iter"], "train/loss": record["train_loss"], "val/loss": record["val_loss"]})
+
+    def log_step(self, iter_num, loss, aux, lr, dt, sequences):
+        """The train record of a step; dt is the mean seconds per step since the last one, over
+        which this process ran forward and backward on `sequences` sequences per step."""
+        mfu = self.flops_promised and self.model.estimate_mfu(sequences, dt, self.flops_promised)
+        run_dir.log_event(self.path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr, ms_per_iter=dt * 1000,
+                                          tokens_per_s=self.tokens_per_iter / dt, mfu=mfu))
+        if self.wandb:
+            self.wandb.log({"iter": iter_num, "train/step_loss": loss, "lr": lr, "mfu": mfu,
+                            **{f"train/{name}": value for name, value in flat_aux(aux)}})
+
+
+def flat_aux(aux):
+    """(name, value) for every auxiliary loss, a per-layer list giving name/1, name/2, ..."""
+    for name, value in aux.items():
+        if isinstance(value, list):
+            yield from ((f"{name}/{layer}", v) for layer, v in enumerate(value, 1))
+        else:
+            yield name, value
 
 
 # --------------------------------------------------------------------------------------
@@ -280,29 +342,49 @@ def gather_rng_states(batch_generator, world_size):
 
 
 def agree(problem, ddp):
-    """Under DDP, rank 0's problem (a message or None) becomes every rank's, so all stop together."""
+    """Under DDP, rank 0's problem (an exception or None) becomes every rank's, so all stop together."""
     if ddp:
         shared = [problem]
         dist.broadcast_object_list(shared, src=0)
         problem = shared[0]
     if problem:
-        raise UserError(problem)
+        raise problem
+
+
+def check_before_writing(config, world_size):
+    """Everything that can fail before training starts fails here, before anything is written
+    to out_dir: settings, the data, wandb (the device was checked with the settings)."""
+    if config["gradient_accumulation_steps"] % world_size:
+        raise ConfigError(f"gradient_accumulation_steps ({config['gradient_accumulation_steps']}) is the total over "
+                          f"all processes and must be divisible by the world size ({world_size})")
+    if config["eval_only"] and config["init_from"] != "resume":
+        raise ConfigError("eval_only=True evaluates a trained run's ckpt.pt: add --init_from=resume")
+    settings.model_args_of(config)  # the model's own checks (GPTConfig)
+    data.check_data(config["data_dir"], config["block_size"], config["vocab_size"])
+    if config["wandb_log"]:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("wandb_log=True needs wandb: `pip install wandb`, or drop --wandb_log") from None
 
 
 def train(config):
     """Run the training job that config describes; returns the trained (unwrapped) model,
-    iter_num and best_val_loss. Under torchrun, every process calls this."""
+    iter_num and best_val_loss. Under torchrun, every process calls this. SIGINT and SIGTERM
+    stop it after the current optimizer step, with the state saved (cli.Stopped)."""
     rank, world_size, device = setup_distributed(config)
     lock = None
     try:
         problem = None
         if rank == 0:  # rank 0 writes the out_dir, so it holds the lock
             try:
+                check_before_writing(config, world_size)
                 lock = run_dir.claim_out_dir(config)
             except UserError as e:
-                problem = str(e)
+                problem = e
         agree(problem, ddp=world_size > 1)
-        return run(config, rank, world_size, device)
+        with cli.StopRequests() as stop:
+            return run(config, rank, world_size, device, stop)
     finally:
         if lock:
             lock.close()
