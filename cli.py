@@ -123,7 +123,7 @@ def write_atomically(path, write, size=0):
     tmp_path = path + ".tmp"
     folder = os.path.dirname(os.path.abspath(path))
     if size and os.path.isdir(folder) and shutil.disk_usage(folder).free < size:
-        raise UserError(write_problem(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), size))
+        raise UserError(write_problem(path, RuntimeError("not enough space"), size))
     try:
         with open(tmp_path, "wb") as f:
             write(f)
@@ -144,11 +144,10 @@ def write_problem(path, error, size=0):
     the disk's. torch.save reports a full disk as a RuntimeError without errno, so a
     RuntimeError counts as a full disk when the free space is below `size`."""
     if isinstance(error, OSError) and error.errno is not None:
-        code, cause = error.errno, error.strerror
-    elif size and shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < size:
-        code, cause = errno.ENOSPC, os.strerror(errno.ENOSPC)
+        code, cause = error.errno, error.strerror.lower()
     else:
-        return None
-    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free if code == errno.ENOSPC else None
-    room = f" ({size / 1e6:,.0f} MB to write, {free / 1e6:,.0f} MB free)" if free is not None and size else ""
-    return f"cannot write {path}: {cause.lower()}{room}; {ADVICE.get(code, 'check the disk and the path')}"
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        if not size or free >= size:
+            return None
+        code, cause = errno.ENOSPC, f"no space left on device ({size / 1e6:,.1f} MB to write, {free / 1e6:,.1f} MB free)"
+    return f"cannot write {path}: {cause}; {ADVICE.get(code, 'check the disk and the path')}"

@@ -14,6 +14,7 @@ import torch
 from cli import UserError
 
 DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
+SNIFF_BYTES = 1 << 20  # how much of a .bin without meta.json is read to tell its format
 
 
 def check_data(data_dir, block_size, vocab_size):
@@ -32,6 +33,8 @@ def check_data(data_dir, block_size, vocab_size):
         if not os.path.isfile(path):
             flag = "" if data_dir == DEFAULT_DATA_DIR else f" --out_dir {data_dir}"
             raise UserError(f"no data at {path} — run `python prepare_wikipedia.py{flag}` first")
+        if not meta:  # nothing says how the file was made: make sure it is not something else
+            check_format(path)
         n_bytes = os.path.getsize(path)
         if n_bytes % 2:
             raise UserError(f"{path} has an odd number of bytes ({n_bytes:,}), so it is not whole uint16 "
@@ -60,6 +63,35 @@ def check_data(data_dir, block_size, vocab_size):
     if not meta:
         print(f"note: {data_dir} has no meta.json, so train.bin and val.bin cannot be checked against "
               f"each other (prepare_wikipedia.py writes it last; without it, the preparation may not have finished)")
+
+
+def check_format(path):
+    """Refuse a .bin that holds something other than uint16 token ids, read from its start:
+    int32 or int64 ids (of a vocabulary below 65,536, their upper halves are zeros) or text.
+    Real token data has neither pattern: its common tokens (punctuation, ids below 256) give
+    zero bytes that text has not, and its tokens vary at every position."""
+    head = np.fromfile(path, dtype=np.uint8, count=SNIFF_BYTES)
+    found = None
+    for width, name in ((4, "int64"), (2, "int32")):  # uint16 words per token id
+        words = head[: len(head) // (2 * width) * 2 * width].view(np.uint16).reshape(-1, width)
+        if len(words) >= 2 and words[:, 0].any() and not words[:, 1:].any():
+            found = f"{name} token ids (every token's upper {2 * width - 2} bytes are zeros)"
+            break
+    if found is None and len(head) and not (head == 0).any() and is_utf8(head.tobytes()):
+        found = "text (UTF-8 without a single zero byte, which token ids would have)"
+    if found:
+        raise UserError(f"{path} does not hold uint16 token ids: it looks like {found}. Prepare text with "
+                        f"`python prepare_wikipedia.py --input FILE --out_dir DIR`, or write your ids as uint16 "
+                        f"(np.array(ids, dtype=np.uint16).tofile(path))")
+
+
+def is_utf8(head):
+    """Is head UTF-8, but for a character cut at its end?"""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3
+    return True
 
 
 def sha256_of(path):

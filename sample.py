@@ -4,7 +4,11 @@ Samples text from a model that train.py trained (any of the three; ckpt.pt names
     python sample.py --out_dir=out-future50_mse
     python sample.py --out_dir=out-tiny_cpu --start="The history of" --num_samples=5
     python sample.py --out_dir=out-encdec_mse_possub --start=FILE:prompt.txt --temperature=0.7
+    python sample.py --out_dir=out-tiny_cpu --checkpoint=latest  # ckpt.pt, the latest state
     python sample.py --help                                   # every key with its default
+
+By default the model is out_dir/best.pt, the evaluation with the lowest val loss; a run
+saves that and its latest state, ckpt.pt (--checkpoint=latest).
 
 Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
 """
@@ -17,12 +21,13 @@ import torch
 
 import cli
 import configurator
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, model_path
 from cli import ConfigError, UserError
 from hardware import DTYPES, autocast_for, check_device
 
 DEFAULTS = dict(
-    out_dir="out",  # the training run whose ckpt.pt to sample from
+    out_dir="out",  # the training run to sample from
+    checkpoint="best",  # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt, where training is)
     start="\n",  # the prompt, or FILE:path to read the prompt from a file
     num_samples=3,  # samples to draw
     max_new_tokens=200,  # tokens generated per sample
@@ -58,6 +63,8 @@ def check_settings(config):
     for key in ("num_samples", "max_new_tokens"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    if config["checkpoint"] not in ("best", "latest"):
+        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {config['checkpoint']!r}")
     if config["dtype"] not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {config['dtype']!r}")
     check_device(config["device"])
@@ -66,7 +73,7 @@ def check_settings(config):
 def sample(config):
     """num_samples texts, each the prompt followed by max_new_tokens sampled tokens."""
     prompt = read_prompt(config["start"])
-    checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"))
+    checkpoint = load_checkpoint(model_path(config["out_dir"], config["checkpoint"]))
     model = model_from_checkpoint(checkpoint)
     del checkpoint
     device = config["device"]
@@ -87,6 +94,9 @@ def sample(config):
         raise ConfigError("the prompt is empty: give --start some text")
     if max(ids) >= model.config.vocab_size:
         raise ConfigError(f"the prompt has GPT-2 tokens beyond this model's vocab_size ({model.config.vocab_size})")
+    if len(ids) > model.config.block_size:  # generate() feeds the model the last block_size tokens
+        print(f"note: the prompt has {len(ids):,} tokens; the model sees only the last {model.config.block_size} "
+              f"(its block_size), then the tokens it generates")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
     torch.manual_seed(config["seed"])
