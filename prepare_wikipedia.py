@@ -6,7 +6,7 @@ Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nan
     python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip              # a zip you downloaded by hand
     python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw      # local text files, no network
     python prepare_wikipedia.py --input notes.txt --val held_out.txt       # your own text, val named
-    TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache python prepare_wikipedia.py --input my.txt   # offline tokenizer
+    TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python prepare_wikipedia.py --input my.txt   # offline (see Offline)
 
 Writes to --out_dir (default data/wikipedia): train.bin, val.bin (read them with
 np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token and character counts,
@@ -23,32 +23,44 @@ unused). With --input, the --val files are val; without --val, an --input file n
 wiki.valid.raw is; with neither, the last --val_fraction of all documents (at least one) go to val.
 --max_chars caps the training text only: it stops after the document that reaches the cap.
 
-Split --split=writeup: the write-ups' regime. They trained on 38,276,830 GPT-2 tokens of Wikipedia
-and validated on the 4,341,780 tokens that followed them in the same text, so a run of 9,000 steps
-of 160,000 tokens made about 37.6 passes over its training text. Here train = the first documents of
-wiki.train.raw (or of the --input files, in order) up to --train_tokens, cut at the document
-boundary nearest that count (ties take the document); val = the documents that follow, up to
---val_tokens, cut the same way. Nothing past val is read.
+Split --split=writeup: the regime of the write-ups (Future Attention and the Auto-regressive
+Encoder-Decoder Transformer, in the GitHub repository yiphei/yif-AI). They trained on 38,276,830
+GPT-2 tokens of Wikipedia and validated on the 4,341,780 tokens that followed them in the same text,
+so a run of 9,000 steps of 160,000 tokens made about 37.6 passes over its training text. Here
+train = the first documents of wiki.train.raw (or of the --input files, in order) up to
+--train_tokens, cut at the document boundary nearest that count (ties take the document); val = the
+documents that follow, up to --val_tokens, cut the same way. Nothing past val is read.
 
 --detokenize (on by default with --split=writeup) undoes WikiText's tokenization marks
 (` @-@ `, a space before punctuation, ...) so the text reads as ordinary text; see detokenize().
 
 Every output is written under a temporary name and renamed when complete (meta.json last), so an
 interrupted run never leaves a half file under a final name; a killed run's temporary files are
-removed by the next run.
+removed by the next run. A failed write (a full disk, a read-only folder) ends the run with one line
+naming the file, the cause and what to do; Ctrl-C (exit status 1) and SIGTERM (143) stop it the
+same way.
+
+Offline: tiktoken downloads the GPT-2 BPE files on first use and caches them in the folder named by
+TIKTOKEN_CACHE_DIR (by default data-gym-cache in the system's temporary folder). Fill one once on a
+machine with a network (or copy such a folder from one), then set TIKTOKEN_CACHE_DIR to it:
+
+    TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python -c "import tiktoken; tiktoken.get_encoding('gpt2')"
 """
 import argparse
+import collections
+import concurrent.futures
 import contextlib
 import datetime
+import errno
 import fcntl
 import functools
 import hashlib
 import io
 import itertools
 import json
-import multiprocessing
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -72,13 +84,74 @@ HEADING = re.compile(r"\s*= [^=].* =\s*")  # fullmatch: " = Title = " yes, " = =
 MAX_DOC_CHARS = 1_000_000  # bounds memory on text without headings
 BATCH_CHARS = 1_000_000  # characters per task sent to a tokenizer process
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a complete set
+NOTHING_REPLACED = "no output written under the final names"  # what an interrupted or failed run leaves
 WRITEUP_TRAIN_TOKENS = 38_276_830  # the write-ups' training text, in GPT-2 tokens
 WRITEUP_VAL_TOKENS = 4_341_780  # their val text, which followed the training text
-SEED_RUN_TOKENS = 9000 * 50 * 16 * 200  # max_iters × batch_size × accumulation × block_size = 1.44B
+WRITEUP_RUN_TOKENS = 9000 * 50 * 16 * 200  # max_iters × batch_size × accumulation × block_size = 1.44B
+# train.py estimates the val loss on eval_iters random windows of val.bin: with fewer tokens they
+# overlap, and with fewer documents val is a handful of topics, so the estimate says more about
+# those passages than about the model
+MIN_VAL_TOKENS = 100_000
+MIN_VAL_DOCUMENTS = 10
 
 
 class PrepareError(Exception):
     """A failure the user can fix; main prints its message (no traceback) and exits with 1."""
+
+
+class Terminated(BaseException):
+    """Raised on SIGTERM (what `kill` and cluster schedulers send) as KeyboardInterrupt is on Ctrl-C, so
+    that the same cleanup runs; a BaseException, so that no `except Exception` swallows it."""
+
+
+HOLD = {"on": False, "signal": None}  # see signals_held()
+
+
+def on_signal(signum, frame):
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM Terminated, so that the same cleanup runs for both;
+    while signals are held, the signal is noted instead, and raised when the hold ends."""
+    if HOLD["on"]:
+        HOLD["signal"] = signum
+    else:
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Raise Ctrl-C or SIGTERM only once the block ends. Around the forks that start the tokenizer
+    processes: raised during one, the exception could be printed and dropped by a fork hook (logging
+    has some), or leave a started process unknown to the executor and never stopped."""
+    HOLD["on"] = True
+    try:
+        yield
+    finally:
+        HOLD["on"] = False
+        signum, HOLD["signal"] = HOLD["signal"], None
+        if signum is not None:
+            on_signal(signum, None)
+
+
+def in_words(error):
+    """The cause of an OSError as a phrase: "no space left on device", "permission denied", ..."""
+    cause = os.strerror(error.errno) if error.errno else str(error)
+    return cause[:1].lower() + cause[1:]
+
+
+@contextlib.contextmanager
+def writing(path, after_failure=None):
+    """Turn an OSError while writing path (or renaming it) into a PrepareError of one line: the file,
+    the cause in words, what the failure left behind, and what to do."""
+    try:
+        yield
+    except OSError as e:
+        name = e.filename or path  # a failed write() names no file; a failed open() or rename() does
+        what = f"rename {name} to {e.filename2}" if e.filename2 else f"write {name}"
+        left = f"; {after_failure}" if after_failure else ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free some space on that disk, or pass --out_dir DIR on one with room"
+        else:
+            fix = "pass --out_dir DIR somewhere writable"
+        raise PrepareError(f"cannot {what}: {in_words(e)}{left}; HINT: {fix}") from None
 
 
 class Progress:
@@ -200,14 +273,18 @@ def fetch_zip(urls, path, expected_size, retries):
             print(f"using {path} (already downloaded)")
             return path
     failures = []
-    for url in urls:
-        try:
-            download(url, path + ".part", expected_size, retries)
-            check_zip(path + ".part", expected_size)
-            os.replace(path + ".part", path)
-            return path
-        except PrepareError as e:
-            failures.append(f"{url}: {e}")
+    part = path + ".part"
+    # a failed write is not the server's fault: it ends the run (the next one resumes from part)
+    # instead of trying the next URL
+    with writing(part, after_failure="the next run resumes the download"):
+        for url in urls:
+            try:
+                download(url, part, expected_size, retries)
+                check_zip(part, expected_size)
+                os.replace(part, path)
+                return path
+            except PrepareError as e:
+                failures.append(f"{url}: {e}")
     raise PrepareError(
         "could not download the data:\n  " + "\n  ".join(failures) + "\n"
         f"HINT: download {urls[0]} by hand and run `python prepare_wikipedia.py --zip FILE`, "
@@ -322,6 +399,14 @@ def detokenize(text):
 
 # --------------------------------------------------------------------------- tokenize and write
 
+def quiet_worker():
+    """Initializer of a tokenizer process: Ctrl-C is the main process's to handle (it stops the others),
+    and SIGTERM, sent to every process of a job by some schedulers, ends it at once and silently
+    rather than running the main process's handler, which it inherits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def encode_batch(docs, detokenize_first=False):
     """Worker: for each document, its tokens followed by <|endoftext|>, and its characters and bytes."""
     enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it, so this loads once per process
@@ -342,6 +427,36 @@ def encoded_documents(docs, imap, detokenize_first):
         yield from batch
 
 
+def map_ahead(executor, ahead, function, items):
+    """map(function, items) on executor's processes, in order, with at most `ahead` items in flight:
+    the input is read only as the processes free up (executor.map would read all of it at once)."""
+    in_flight = collections.deque()
+    for item in items:
+        with signals_held():  # the first submit forks the processes
+            in_flight.append(executor.submit(function, item))
+        if len(in_flight) >= ahead:
+            yield in_flight.popleft().result()
+    while in_flight:
+        yield in_flight.popleft().result()
+
+
+@contextlib.contextmanager
+def tokenizer_map(num_proc):
+    """A map() that runs on num_proc processes (the built-in map for one).
+
+    A ProcessPoolExecutor rather than a multiprocessing.Pool: a worker killed at any moment (some
+    schedulers send SIGTERM to every process of a job) can leave a Pool's shared queue locked, and
+    Pool.terminate() then waits for ever; the executor notices the death and stops the others."""
+    if num_proc == 1:
+        yield map
+        return
+    executor = concurrent.futures.ProcessPoolExecutor(num_proc, initializer=quiet_worker)
+    try:
+        yield functools.partial(map_ahead, executor, 2 * num_proc)  # a batch being tokenized, one waiting
+    finally:  # after an error or a signal, the batches being tokenized are finished and the rest dropped
+        executor.shutdown(cancel_futures=True)
+
+
 def write_split(encoded, path, name, tokens_asked=None):
     """Stream encoded documents into path, hashing them as they go; return (stats, left over).
 
@@ -351,7 +466,7 @@ def write_split(encoded, path, name, tokens_asked=None):
     stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
     sha = hashlib.sha256()
     left_over = []
-    with open(path, "wb") as f, Progress() as progress:
+    with writing(path, after_failure=NOTHING_REPLACED), open(path, "wb") as f, Progress() as progress:
         for tokens, n_chars, n_bytes in encoded:
             if tokens_asked is not None and stats["documents"]:
                 undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
@@ -427,21 +542,24 @@ def prepare(train_docs, val_docs, out_dir, num_proc, settings, t0):
     finals = {name: os.path.join(out_dir, name) for name in OUTPUTS}
     temps = {name: path + ".tmp" for name, path in finals.items()}
     try:
-        with multiprocessing.Pool(num_proc) if num_proc > 1 else contextlib.nullcontext() as pool:
-            imap = pool.imap if pool else map  # imap keeps the order and reads input as workers free up
+        with tokenizer_map(num_proc) as imap:
             splits = write_splits(cap_chars(train_docs, settings["max_chars"]), val_docs, temps, imap,
                                   settings["detokenize"], settings["train_tokens"], settings["val_tokens"])
-        passes = SEED_RUN_TOKENS / splits["train"]["tokens"]
+        passes = WRITEUP_RUN_TOKENS / splits["train"]["tokens"]
         meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
                 "split": settings["split"], "detokenize": settings["detokenize"], "source": settings["source"],
                 "max_chars": settings["max_chars"], "passes_in_1.44B_tokens": round(passes, 2), **splits,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        with open(temps["meta.json"], "w") as f:
+        with writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(finals["meta.json"])  # meta.json is renamed last, so its presence marks a complete set
+        # meta.json goes first and comes back last, so its presence marks a complete set: a failure up
+        # to here leaves an earlier set whole, one between the renames leaves a set without meta.json
+        with writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
+            os.remove(finals["meta.json"])
+        incomplete = f"{out_dir} is left without meta.json, an incomplete set that the next run redoes"
         for name in OUTPUTS:
-            os.replace(temps[name], finals[name])
+            with writing(temps[name], after_failure=incomplete):
+                os.replace(temps[name], finals[name])
     finally:
         for path in temps.values():
             with contextlib.suppress(FileNotFoundError):
@@ -453,7 +571,7 @@ def prepare(train_docs, val_docs, out_dir, num_proc, settings, t0):
         asked = f" ({s['tokens_asked']:,} asked)" if s["tokens_asked"] else ""
         print(f"{name}: {s['tokens']:,} tokens{asked}, {s['chars']:,} chars, {s['documents']:,} documents "
               f"-> {finals[name + '.bin']}")
-    print(f"a run of {SEED_RUN_TOKENS / 1e9:.2f}B tokens (the write-ups' 9,000 steps) makes {passes:.1f} passes "
+    print(f"a run of {WRITEUP_RUN_TOKENS / 1e9:.2f}B tokens (the write-ups' 9,000 steps) makes {passes:.1f} passes "
           f"over this training text")
     print(f"done in {seconds:.1f} s: {mb:.1f} MB of text at {mb / seconds:.1f} MB/s, "
           f"{tokens / seconds / 1e6:.2f}M tokens/s")
@@ -461,20 +579,29 @@ def prepare(train_docs, val_docs, out_dir, num_proc, settings, t0):
 
 
 def check_files(paths):
-    """Raise PrepareError naming the first of paths that is not a file."""
+    """Raise PrepareError naming the first of paths that is not a file, or cannot be read."""
     for path in paths:
         if not os.path.isfile(path):
             raise PrepareError(f"input file not found (or not a file): {path}; "
                                "HINT: check the path, or drop --input to download WikiText-103")
+        try:  # now, rather than as a write error of the .bin that reads it later
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise PrepareError(f"cannot read {path}: {in_words(e)}; HINT: check its permissions, or leave it out")
+
+
+def named_val_files(paths, val_paths):
+    """The files that are val: the --val files, else an --input file named exactly wiki.valid.raw,
+    WikiText's own (a substring, as in invalid.txt, does not count). None: val is the last documents."""
+    return val_paths or [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
 
 
 def input_splits(paths, val_paths, val_fraction):
     """(train docs, val docs) from local files: the val files if named, else the last documents."""
-    if not val_paths:  # WikiText's own val file, named exactly; a substring like invalid.txt is not
-        val_paths = [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
-        paths = [p for p in paths if p not in val_paths]
+    val_paths = named_val_files(paths, val_paths)
     if val_paths:
-        return file_documents(paths), file_documents(val_paths)
+        return file_documents([p for p in paths if p not in val_paths]), file_documents(val_paths)
     n_docs = sum(1 for _ in file_documents(paths))  # a first pass finds where the last documents begin
     if n_docs < 2:
         raise PrepareError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold some "
@@ -531,8 +658,10 @@ def run(args):
     try:
         tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
     except Exception as e:
-        raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads it once; offline, "
-                           "point TIKTOKEN_CACHE_DIR at a filled cache, e.g. ../shared/tiktoken_cache")
+        default_cache = os.path.join(tempfile.gettempdir(), "data-gym-cache")  # tiktoken's, see its load.py
+        raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads its files on first use "
+                           f"and caches them in $TIKTOKEN_CACHE_DIR (default {default_cache}); offline, set "
+                           "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network (see the README, Offline)")
     t0 = time.time()
     if args.input:
         check_files(args.input + (args.val or []))
@@ -558,8 +687,28 @@ def run(args):
         val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
     settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
                 "val_tokens": args.val_tokens, "max_chars": args.max_chars, "source": source}
-    return prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+    meta = prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+    warning = small_val_warning(meta["val"], args)
+    if warning:
+        print(warning, file=sys.stderr)
+    return meta
 
+
+def small_val_warning(val, args):
+    """A warning naming the setting that grows val, when val is too small to estimate a loss on; else None."""
+    if val["tokens"] >= MIN_VAL_TOKENS and val["documents"] >= MIN_VAL_DOCUMENTS:
+        return None
+    if args.split == "writeup":
+        hint = f"raise --val_tokens (now {args.val_tokens:,}); if the text ran out, give more or lower --train_tokens"
+    elif not args.input:
+        hint = "use a zip whose wiki.valid.raw holds more text, or give text files with --input and --val"
+    elif named_val_files(args.input, args.val):
+        hint = "give more held-out text with --val"
+    else:
+        hint = f"name held-out files with --val, or raise --val_fraction (now {args.val_fraction:g})"
+    documents = "document" if val["documents"] == 1 else "documents"
+    return (f"warning: val has {val['tokens']:,} tokens in {val['documents']:,} {documents}: too few to estimate "
+            f"a loss (aim for {MIN_VAL_TOKENS:,}+ tokens and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
 
 
 def main(argv=None):
@@ -583,20 +732,30 @@ def main(argv=None):
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--retries", type=int, default=5, help="download attempts per URL")
     args = parser.parse_args(argv)
+    handled = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored, as in a background job
+        handled.append(signal.SIGINT)
+    previous_handlers = {signum: signal.signal(signum, on_signal) for signum in handled}
     try:
         check_settings(args)
-        try:
+        with writing(args.out_dir):
             os.makedirs(args.out_dir, exist_ok=True)
             with tempfile.TemporaryFile(dir=args.out_dir):
                 pass
-        except OSError as e:
-            raise PrepareError(f"cannot write to {args.out_dir} ({e}); HINT: pass --out_dir DIR somewhere writable")
         with lock_out_dir(args.out_dir):
             return run(args)
     except PrepareError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
-        sys.exit("interrupted: no output written under the final names")
+        sys.exit(f"interrupted: {NOTHING_REPLACED}")
+    except Terminated:
+        print(f"terminated (SIGTERM): {NOTHING_REPLACED}", file=sys.stderr)
+        # 143 = 128 + 15, what a shell reports for a command that SIGTERM ended: a scheduler or a
+        # script checking the status still sees a termination, not an ordinary error (1)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        for signum, handler in previous_handlers.items():  # main() may be called from other code, as tests do
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -2,21 +2,28 @@
 Tests for prepare_wikipedia.py: documents and splits on local text, the --max_chars cap, the
 write-ups' split (cut at the nearest document boundary), the WikiText detokenizer, refusing
 binary input, the download against a local HTTP server (resume, servers that ignore Range, bad
-zips, errors that are and are not retried), and that an interrupted run leaves no output under
-the final names.
+zips, errors that are and are not retried), that an interrupted run (an exception, Ctrl-C, SIGTERM)
+or a failed write (a full disk, a read-only folder) leaves no output under the final names and an
+earlier set as it was, and the warning about a val split too small to estimate a loss on.
 
-    TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache python -m pytest test_prepare.py
+    python -m pytest test_prepare.py
+
+Offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's GPT-2 files (see the README, Offline).
 """
 import argparse
 import contextlib
+import errno
 import hashlib
 import http.server
 import json
+import io
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 
 import numpy as np
@@ -30,8 +37,8 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 try:
     ENC = tiktoken.get_encoding("gpt2")
 except Exception as e:  # no skip: a tokenizer that cannot load is a failure, with the fix named
-    raise RuntimeError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, run the tests with "
-                       "TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache (a filled cache)") from None
+    raise RuntimeError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR "
+                       "to a folder holding tiktoken's GPT-2 files (see the README, Offline)") from None
 
 
 def article(i):
@@ -453,6 +460,231 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
     assert outputs(out) == []  # no final files, and no temporary ones left behind
 
 
+# --------------------------------------------------------------------------- failed writes
+
+class FullDisk(io.FileIO):
+    """A file on a disk that fills up after room bytes: a write past them fails with ENOSPC."""
+
+    def __init__(self, path, room):
+        super().__init__(path, "w")
+        self.room = room
+
+    def write(self, data):
+        if self.tell() + len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as the kernel's: naming no file
+        return super().write(data)
+
+
+def break_open(monkeypatch, name, error, room=None, buffer_size=io.DEFAULT_BUFFER_SIZE):
+    """Make prepare_wikipedia's open() of the file called name fail: with the errno error at once,
+    or, given room, as a file on a disk that fills up after room bytes. Returns the paths it broke."""
+    broken, real_open = [], open
+
+    def open_on_a_bad_disk(path, mode="r", *args, **kwargs):
+        if os.path.basename(path) != name:
+            return real_open(path, mode, *args, **kwargs)
+        broken.append(path)
+        if room is None:
+            raise OSError(error, os.strerror(error), path)  # as open() raises it: naming the file
+        return io.BufferedWriter(FullDisk(path, room), buffer_size=buffer_size)
+
+    monkeypatch.setattr(pw, "open", open_on_a_bad_disk, raising=False)  # shadows the builtin in pw only
+    return broken
+
+
+def earlier_set(tmp_path):
+    """An out_dir holding the outputs of an earlier preparation, and their bytes."""
+    path = tmp_path / "earlier.txt"
+    path.write_text("".join(ARTICLES[:4]), encoding="utf-8")
+    out = tmp_path / "out"
+    pw.main(["--input", str(path), "--out_dir", str(out), "--num_proc", "1"])
+    return out, {name: (out / name).read_bytes() for name in pw.OUTPUTS}
+
+
+FULL = "free some space on that disk, or pass --out_dir DIR on one with room"
+NOT_WRITABLE = "pass --out_dir DIR somewhere writable"
+
+
+@pytest.mark.parametrize("name, error, room, buffer_size, fix", [
+    ("train.bin.tmp", errno.ENOSPC, 300, 64, FULL),  # partway through: a write() fails
+    ("val.bin.tmp", errno.ENOSPC, 0, io.DEFAULT_BUFFER_SIZE, FULL),  # the buffered bytes, flushed at close
+    ("meta.json.tmp", errno.EROFS, None, None, NOT_WRITABLE),  # at open
+    ("train.bin.tmp", errno.EACCES, None, None, NOT_WRITABLE),
+])
+def test_a_failed_write_keeps_the_earlier_set(tmp_path, monkeypatch, name, error, room, buffer_size, fix):
+    out, earlier = earlier_set(tmp_path)
+    paths = write_files(tmp_path, [ARTICLES])  # a new text: new outputs, if they were written
+    broken = break_open(monkeypatch, name, error, room, buffer_size)
+    message = exit_message(["--input", *paths, "--out_dir", str(out), "--num_proc", "1"])
+    cause = {errno.ENOSPC: "no space left on device", errno.EROFS: "read-only file system",
+             errno.EACCES: "permission denied"}[error]
+    assert message == (f"error: cannot write {out / name}: {cause}; no output written under the final names; "
+                       f"HINT: {fix}")
+    assert broken == [str(out / name)]
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # no temporary file left
+    assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier
+
+
+def test_a_failed_rename_says_the_set_is_incomplete(tmp_path, monkeypatch):
+    out, earlier = earlier_set(tmp_path)
+    paths = write_files(tmp_path, [ARTICLES])
+    real_replace = os.replace
+
+    def replace_on_a_full_disk(src, dst):
+        if os.path.basename(dst) == "val.bin":  # train.bin is renamed already: the set is mixed now
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_on_a_full_disk)
+    argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
+    message = exit_message(argv)
+    assert message == (f"error: cannot rename {out / 'val.bin.tmp'} to {out / 'val.bin'}: no space left on device; "
+                       f"{out} is left without meta.json, an incomplete set that the next run redoes; HINT: {FULL}")
+    # without meta.json, train.py cannot take the mixed set for a checked one
+    assert outputs(out) == ["train.bin", "val.bin"] and (out / "val.bin").read_bytes() == earlier["val.bin"]
+    monkeypatch.setattr(os, "replace", real_replace)
+    meta = pw.main(argv)  # the next run redoes it
+    assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == ARTICLES
+    assert json.loads((out / "meta.json").read_text()) == meta
+
+
+def test_an_unreadable_input_is_named(tmp_path, monkeypatch):
+    paths = write_files(tmp_path, [ARTICLES[:5], ARTICLES[5:]])
+    break_open(monkeypatch, "part1.txt", errno.EACCES)
+    message = exit_message(["--input", *paths, "--out_dir", str(tmp_path / "out"), "--num_proc", "1"])
+    assert message == (f"error: cannot read {paths[1]}: permission denied; "
+                       "HINT: check its permissions, or leave it out")  # not a write error of train.bin.tmp
+
+
+# --------------------------------------------------------------------------- a small val
+
+def test_a_small_val_is_warned_about(tmp_path, monkeypatch, capsys):
+    paths = write_files(tmp_path, [ARTICLES])
+    argv = ["--input", *paths, "--out_dir", str(tmp_path / "out"), "--num_proc", "1", "--val_fraction", "0.2"]
+    meta = pw.main(argv)
+    tokens = meta["val"]["tokens"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"warning: val has {tokens:,} tokens in 2 documents: too few to estimate a loss (aim for 100,000+ tokens "
+        "and 10+ documents); HINT: name held-out files with --val, or raise --val_fraction (now 0.2)")
+    # the thresholds lowered to this val's counts: it passes; one above either of them: it does not
+    for min_tokens, min_documents, warned in [(tokens, 2, False), (tokens + 1, 2, True), (tokens, 3, True)]:
+        monkeypatch.setattr(pw, "MIN_VAL_TOKENS", min_tokens)
+        monkeypatch.setattr(pw, "MIN_VAL_DOCUMENTS", min_documents)
+        pw.main(argv)
+        assert ("warning: val has" in capsys.readouterr().err) is warned, (min_tokens, min_documents)
+
+
+@pytest.mark.parametrize("settings, hint", [
+    ({"input": ["a.txt"], "val": ["b.txt"]}, "give more held-out text with --val"),
+    ({"input": ["a.txt", "wiki.valid.raw"]}, "give more held-out text with --val"),
+    ({"input": ["a.txt"], "val_fraction": 0.005},
+     "name held-out files with --val, or raise --val_fraction (now 0.005)"),
+    ({"split": "writeup", "input": ["a.txt"], "val_tokens": 50_000},
+     "raise --val_tokens (now 50,000); if the text ran out, give more or lower --train_tokens"),
+    ({"zip": "wt.zip"}, "use a zip whose wiki.valid.raw holds more text, or give text files with --input and --val"),
+])
+def test_the_small_val_warning_names_the_setting_that_applies(settings, hint):
+    args = argparse.Namespace(**{"split": "wikitext", "input": None, "val": None, **settings})
+    warning = pw.small_val_warning({"tokens": 3343, "documents": 1}, args)
+    assert warning == ("warning: val has 3,343 tokens in 1 document: too few to estimate a loss (aim for 100,000+ "
+                       f"tokens and 10+ documents); HINT: {hint}")
+    assert pw.small_val_warning({"tokens": 100_000, "documents": 10}, args) is None
+
+
+# --------------------------------------------------------------------------- stopped by a signal
+
+SLOW_RUN = """
+import signal, sys, time
+import prepare_wikipedia as pw
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever the test runner's
+pw.BATCH_CHARS = 1  # one document a task: the tokenizer processes stay busy
+real_read_documents = pw.read_documents
+
+def slow_read_documents(lines):  # a few ms a document: a run long enough to be stopped while it writes
+    for doc in real_read_documents(lines):
+        time.sleep(0.005)
+        yield doc
+
+pw.read_documents = slow_read_documents
+pw.main(sys.argv[1:])
+"""
+
+
+def processes_in_session(session):
+    """The live processes (zombies aside) of a session, from /proc: the run and its tokenizer processes."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, _, sid = f.read().rpartition(")")[2].split()[:4]  # after the command's name
+            if int(sid) == session and state != "Z":
+                pids.append(int(pid))
+    return pids
+
+
+def size(path):
+    """Bytes in the file at path, 0 if there is none."""
+    with contextlib.suppress(FileNotFoundError):
+        return path.stat().st_size
+    return 0
+
+
+def test_a_signal_while_held_is_raised_when_the_hold_ends():
+    previous = signal.signal(signal.SIGTERM, pw.on_signal)
+    reached_the_end = False
+    try:
+        with pytest.raises(pw.Terminated):
+            with pw.signals_held():  # as around the forks that start the tokenizer processes
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)  # the handler runs in here
+                reached_the_end = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert reached_the_end  # not raised inside the block
+    assert pw.HOLD == {"on": False, "signal": None}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the run's processes in /proc")
+@pytest.mark.parametrize("sig, whole_group, status, message", [
+    (signal.SIGTERM, False, 143, "terminated (SIGTERM): no output written under the final names"),  # kill PID
+    (signal.SIGTERM, True, 143, "terminated (SIGTERM): no output written under the final names"),  # a scheduler
+    (signal.SIGINT, True, 1, "interrupted: no output written under the final names"),  # Ctrl-C in a terminal
+])
+def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status, message):
+    out, earlier = earlier_set(tmp_path)
+    text, held_out = tmp_path / "long.txt", tmp_path / "held_out.txt"
+    text.write_text("".join(ARTICLES) * 200, encoding="utf-8")  # 10 s of slow reading, if not stopped
+    held_out.write_text(ARTICLES[0], encoding="utf-8")
+    run = subprocess.Popen([sys.executable, "-c", SLOW_RUN, "--input", str(text), "--val", str(held_out),
+                            "--out_dir", str(out), "--num_proc", "2"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # its own process group and session: run.pid is both ids
+    try:
+        deadline = time.monotonic() + 60
+        while size(out / "train.bin.tmp") == 0:  # tokens on disk: it is writing
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended or stalled before writing"
+            time.sleep(0.01)
+        if whole_group:
+            os.killpg(run.pid, sig)
+        else:
+            os.kill(run.pid, sig)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == status, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[-1] == message, stderr
+    assert all(line.startswith("train: ") for line in lines[:-1]), stderr  # progress lines only: no traceback
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # no temporary file left
+    assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier
+    deadline = time.monotonic() + 5
+    while processes_in_session(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_in_session(run.pid) == []  # no tokenizer process left running
+
+
 # --------------------------------------------------------------------------- download
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -523,6 +755,23 @@ def test_download_and_prepare(tmp_path, server):
     pw.main(argv)  # the verified zip is reused: no second request
     assert len(server.log) == 1
 
+
+def test_a_full_disk_during_the_download(tmp_path, server, monkeypatch):
+    data = wikitext_zip(tmp_path, padding=300_000)
+    server.files["/wt.zip"] = data
+    out = tmp_path / "out"
+    argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
+    break_open(monkeypatch, "wt.zip.part", errno.ENOSPC, room=100_000)  # full after 100 kB
+    message = exit_message(argv)
+    assert message == (f"error: cannot write {out / 'wt.zip.part'}: no space left on device; the next run resumes "
+                       f"the download; HINT: {FULL}")
+    assert len(server.log) == 1  # not retried, and no other URL tried: the server was not at fault
+    part = (out / "wt.zip.part").read_bytes()
+    assert 0 < len(part) <= 100_000 and data.startswith(part)  # what was downloaded is kept, and sound
+    monkeypatch.undo()  # space freed
+    pw.main(argv)
+    assert server.log[1][1] == f"bytes={len(part)}-"  # resumed
+    assert (out / "wt.zip").read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
 
 def test_resume_from_part(tmp_path, server):
     data = wikitext_zip(tmp_path)
