@@ -37,7 +37,7 @@ documents that follow, up to --val_tokens, cut the same way. Nothing past val is
 Every output is written under a temporary name and renamed when complete (meta.json last), so an
 interrupted run never leaves a half file under a final name; a killed run's temporary files are
 removed by the next run. A failed write (a full disk, a read-only folder) ends the run with one line
-naming the file, the cause and what to do; Ctrl-C (exit status 1) and SIGTERM (143) stop it the
+naming the file, the cause and what to do; Ctrl-C (exit status 130) and SIGTERM (143) stop it the
 same way.
 
 Offline: tiktoken downloads the GPT-2 BPE files on first use and caches them in the folder named by
@@ -72,6 +72,8 @@ import numpy as np
 import requests
 import tiktoken
 
+import cli
+
 WIKITEXT_URLS = [
     "https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
     "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip",
@@ -95,25 +97,26 @@ MIN_VAL_TOKENS = 100_000
 MIN_VAL_DOCUMENTS = 10
 
 
-class PrepareError(Exception):
+class PrepareError(cli.UserError):
     """A failure the user can fix; main prints its message (no traceback) and exits with 1."""
 
 
-class Terminated(BaseException):
-    """Raised on SIGTERM (what `kill` and cluster schedulers send) as KeyboardInterrupt is on Ctrl-C, so
-    that the same cleanup runs; a BaseException, so that no `except Exception` swallows it."""
+def stopped(signum):
+    """The exception a signal becomes: cli.Stopped, a BaseException, so that no `except Exception`
+    swallows it and every `finally` cleans up, for SIGTERM as for Ctrl-C."""
+    return cli.Stopped(signum, f"stopped by {signal.Signals(signum).name}: {NOTHING_REPLACED}")
 
 
 HOLD = {"on": False, "signal": None}  # see signals_held()
 
 
 def on_signal(signum, frame):
-    """Ctrl-C raises KeyboardInterrupt and SIGTERM Terminated, so that the same cleanup runs for both;
-    while signals are held, the signal is noted instead, and raised when the hold ends."""
+    """Ctrl-C and SIGTERM raise cli.Stopped, so that the same cleanup runs for both; while signals
+    are held, the signal is noted instead, and raised when the hold ends."""
     if HOLD["on"]:
         HOLD["signal"] = signum
     else:
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+        raise stopped(signum)
 
 
 @contextlib.contextmanager
@@ -711,7 +714,8 @@ def small_val_warning(val, args):
             f"a loss (aim for {MIN_VAL_TOKENS:,}+ tokens and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
 
 
-def main(argv=None):
+def prepare_data(argv):
+    """The command line's preparation; returns meta.json's contents (tests read them)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=["wikitext", "writeup"], default="wikitext",
                         help="wikitext: WikiText's own train and val files; writeup: the write-ups' token counts")
@@ -744,19 +748,19 @@ def main(argv=None):
                 pass
         with lock_out_dir(args.out_dir):
             return run(args)
-    except PrepareError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted: {NOTHING_REPLACED}")
-    except Terminated:
-        print(f"terminated (SIGTERM): {NOTHING_REPLACED}", file=sys.stderr)
-        # 143 = 128 + 15, what a shell reports for a command that SIGTERM ended: a scheduler or a
-        # script checking the status still sees a termination, not an ordinary error (1)
-        sys.exit(128 + signal.SIGTERM)
+    except KeyboardInterrupt:  # a Ctrl-C raised before on_signal was in place
+        raise stopped(signal.SIGINT) from None
     finally:
         for signum, handler in previous_handlers.items():  # main() may be called from other code, as tests do
             signal.signal(signum, handler)
 
 
+@cli.main
+def main(argv):
+    """Exit status: 0 done, 1 an error, 130 Ctrl-C, 143 SIGTERM (128 + the signal, what a shell
+    reports for a command a signal ended: a scheduler sees a termination, not an error)."""
+    prepare_data(argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

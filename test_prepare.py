@@ -15,8 +15,8 @@ import contextlib
 import errno
 import hashlib
 import http.server
-import json
 import io
+import json
 import os
 import signal
 import socket
@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import tiktoken
 
+import cli
 import prepare_wikipedia as pw
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -68,11 +69,14 @@ def outputs(out_dir):
 
 
 def exit_message(argv):
-    """Run main and return the message it exits with; fails if it does not exit with an error."""
-    with pytest.raises(SystemExit) as e:
-        pw.main(argv)
-    assert e.value.code not in (0, None)
-    return str(e.value.code)
+    """Run main and return the message it ends with on stderr (progress lines come before it);
+    fails if it does not exit with an error."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = pw.main(argv)
+    assert status not in (0, None) and "Traceback" not in err.getvalue()
+    text = err.getvalue()
+    return text[text.rindex("error: "):].strip() if "error: " in text else text.strip().splitlines()[-1]
 
 
 def write_files(tmp_path, groups):
@@ -91,7 +95,7 @@ def write_files(tmp_path, groups):
 def test_input_round_trip(tmp_path, val_fraction, n_val):
     paths = write_files(tmp_path, [[" \n"] + ARTICLES[:6], ARTICLES[6:]])  # a blank start, as in WikiText
     out = tmp_path / "out"
-    meta = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "1",
+    meta = pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1",
                     "--val_fraction", str(val_fraction)])
     assert read_docs(out / "train.bin") == ARTICLES[:-n_val]
     assert read_docs(out / "val.bin") == ARTICLES[-n_val:]  # val gets the last documents
@@ -113,7 +117,7 @@ def test_parallel_matches_serial(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "BATCH_CHARS", 150)  # several batches, so the pool's ordering matters
     paths = write_files(tmp_path, [ARTICLES])
     for num_proc in ("1", "2"):
-        pw.main(["--input", *paths, "--out_dir", str(tmp_path / num_proc), "--num_proc", num_proc])
+        pw.prepare_data(["--input", *paths, "--out_dir", str(tmp_path / num_proc), "--num_proc", num_proc])
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
 
@@ -122,7 +126,7 @@ def test_max_chars_caps_train_only(tmp_path):
     paths = write_files(tmp_path, [ARTICLES])
     out = tmp_path / "out"
     cap = len(ARTICLES[0]) + len(ARTICLES[1]) + 1  # reached inside the third article
-    meta = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "1",
+    meta = pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1",
                     "--val_fraction", "0.2", "--max_chars", str(cap)])
     assert read_docs(out / "train.bin") == ARTICLES[:3]  # stops after the article that crosses the cap
     assert read_docs(out / "val.bin") == ARTICLES[-2:]
@@ -134,7 +138,7 @@ def test_valid_file_is_val(tmp_path):
     valid_path = tmp_path / "wiki.valid.raw"
     valid_path.write_text("".join(ARTICLES[7:]), encoding="utf-8")
     out = tmp_path / "out"
-    pw.main(["--input", str(valid_path), train_path, "--out_dir", str(out), "--num_proc", "1"])
+    pw.prepare_data(["--input", str(valid_path), train_path, "--out_dir", str(out), "--num_proc", "1"])
     assert read_docs(out / "train.bin") == ARTICLES[:7]
     assert read_docs(out / "val.bin") == ARTICLES[7:]
 
@@ -144,12 +148,12 @@ def test_val_files_are_named_not_guessed(tmp_path):
     invalid = tmp_path / "invalid.txt"  # holds "valid" in its name, and is still training text
     os.replace(second, invalid)
     out = tmp_path / "out"
-    meta = pw.main(["--input", first, str(invalid), "--val", held_out, "--out_dir", str(out), "--num_proc", "1"])
+    meta = pw.prepare_data(["--input", first, str(invalid), "--val", held_out, "--out_dir", str(out), "--num_proc", "1"])
     assert read_docs(out / "train.bin") == ARTICLES[:7]
     assert read_docs(out / "val.bin") == ARTICLES[7:]
     assert meta["source"] == {"input": [first, str(invalid)], "val": [held_out]}
     # without --val, invalid.txt stays train: val is the last documents
-    pw.main(["--input", first, str(invalid), "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2"])
+    pw.prepare_data(["--input", first, str(invalid), "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2"])
     assert read_docs(out / "train.bin") == ARTICLES[:6] and read_docs(out / "val.bin") == ARTICLES[6:7]
 
 
@@ -230,7 +234,7 @@ def test_detokenize_flag(tmp_path):
     paths = write_files(tmp_path, [ARTICLES])
     for flags, detokenized in [([], False), (["--detokenize"], True)]:
         out = tmp_path / str(detokenized)
-        meta = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2", *flags])
+        meta = pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2", *flags])
         expected = [pw.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
         assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == expected
         assert meta["detokenize"] is detokenized
@@ -275,7 +279,7 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
     train_tokens = int(totals[3]) + 2  # just past 4 documents: the boundary after the 4th is nearest
     val_tokens = counts[4] + counts[5] - 1  # just short of 2 documents
     out = tmp_path / "out"
-    meta = pw.main(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
+    meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
                     "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
     assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
     assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
@@ -293,7 +297,7 @@ def test_writeup_split_from_the_zip_ignores_wiki_valid(tmp_path):
     zip_path.write_bytes(wikitext_zip(tmp_path))  # train.raw: ARTICLES[:8], valid.raw: ARTICLES[8:]
     counts = token_counts(ARTICLES, detokenized=False)
     out = tmp_path / "out"
-    meta = pw.main(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--out_dir", str(out),
+    meta = pw.prepare_data(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--out_dir", str(out),
                     "--num_proc", "1", "--train_tokens", str(sum(counts[:2])), "--val_tokens", str(counts[2])])
     assert read_docs(out / "train.bin") == ARTICLES[:2] and read_docs(out / "val.bin") == [ARTICLES[2]]
     assert meta["detokenize"] is False and meta["source"] == str(zip_path)
@@ -303,7 +307,7 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
     paths = write_files(tmp_path, [ARTICLES[:3]])
     counts = token_counts(ARTICLES[:3])
     out = tmp_path / "out"
-    meta = pw.main(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", "1",
+    meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", "1",
                     "--train_tokens", str(counts[0]), "--val_tokens", "100000"])
     assert meta["val"]["tokens"] == counts[1] + counts[2] and meta["val"]["documents"] == 2
     assert (f"warning: the text ran out: val has {counts[1] + counts[2]:,} of the 100,000 tokens asked"
@@ -432,7 +436,7 @@ def test_a_second_run_on_a_busy_out_dir_is_refused(tmp_path):
     finally:
         holder.kill()  # SIGKILL: no cleanup runs, the lock ends with the process all the same
         holder.wait()
-    pw.main(argv)
+    pw.prepare_data(argv)
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
 
 
@@ -452,10 +456,10 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
     out = tmp_path / "out"
     argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
     if crash is KeyboardInterrupt:
-        assert "interrupted" in exit_message(argv)
+        assert "stopped by SIGINT: no output written under the final names" in exit_message(argv)
     else:
         with pytest.raises(RuntimeError):
-            pw.main(argv)
+            pw.prepare_data(argv)
     assert len(calls) == 4
     assert outputs(out) == []  # no final files, and no temporary ones left behind
 
@@ -497,7 +501,7 @@ def earlier_set(tmp_path):
     path = tmp_path / "earlier.txt"
     path.write_text("".join(ARTICLES[:4]), encoding="utf-8")
     out = tmp_path / "out"
-    pw.main(["--input", str(path), "--out_dir", str(out), "--num_proc", "1"])
+    pw.prepare_data(["--input", str(path), "--out_dir", str(out), "--num_proc", "1"])
     return out, {name: (out / name).read_bytes() for name in pw.OUTPUTS}
 
 
@@ -543,7 +547,7 @@ def test_a_failed_rename_says_the_set_is_incomplete(tmp_path, monkeypatch):
     # without meta.json, train.py cannot take the mixed set for a checked one
     assert outputs(out) == ["train.bin", "val.bin"] and (out / "val.bin").read_bytes() == earlier["val.bin"]
     monkeypatch.setattr(os, "replace", real_replace)
-    meta = pw.main(argv)  # the next run redoes it
+    meta = pw.prepare_data(argv)  # the next run redoes it
     assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == ARTICLES
     assert json.loads((out / "meta.json").read_text()) == meta
 
@@ -561,7 +565,7 @@ def test_an_unreadable_input_is_named(tmp_path, monkeypatch):
 def test_a_small_val_is_warned_about(tmp_path, monkeypatch, capsys):
     paths = write_files(tmp_path, [ARTICLES])
     argv = ["--input", *paths, "--out_dir", str(tmp_path / "out"), "--num_proc", "1", "--val_fraction", "0.2"]
-    meta = pw.main(argv)
+    meta = pw.prepare_data(argv)
     tokens = meta["val"]["tokens"]
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"warning: val has {tokens:,} tokens in 2 documents: too few to estimate a loss (aim for 100,000+ tokens "
@@ -570,7 +574,7 @@ def test_a_small_val_is_warned_about(tmp_path, monkeypatch, capsys):
     for min_tokens, min_documents, warned in [(tokens, 2, False), (tokens + 1, 2, True), (tokens, 3, True)]:
         monkeypatch.setattr(pw, "MIN_VAL_TOKENS", min_tokens)
         monkeypatch.setattr(pw, "MIN_VAL_DOCUMENTS", min_documents)
-        pw.main(argv)
+        pw.prepare_data(argv)
         assert ("warning: val has" in capsys.readouterr().err) is warned, (min_tokens, min_documents)
 
 
@@ -606,7 +610,7 @@ def slow_read_documents(lines):  # a few ms a document: a run long enough to be 
         yield doc
 
 pw.read_documents = slow_read_documents
-pw.main(sys.argv[1:])
+sys.exit(pw.main(sys.argv[1:]))
 """
 
 
@@ -633,7 +637,7 @@ def test_a_signal_while_held_is_raised_when_the_hold_ends():
     previous = signal.signal(signal.SIGTERM, pw.on_signal)
     reached_the_end = False
     try:
-        with pytest.raises(pw.Terminated):
+        with pytest.raises(cli.Stopped, match="stopped by SIGTERM"):
             with pw.signals_held():  # as around the forks that start the tokenizer processes
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(0.01)  # the handler runs in here
@@ -646,9 +650,9 @@ def test_a_signal_while_held_is_raised_when_the_hold_ends():
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the run's processes in /proc")
 @pytest.mark.parametrize("sig, whole_group, status, message", [
-    (signal.SIGTERM, False, 143, "terminated (SIGTERM): no output written under the final names"),  # kill PID
-    (signal.SIGTERM, True, 143, "terminated (SIGTERM): no output written under the final names"),  # a scheduler
-    (signal.SIGINT, True, 1, "interrupted: no output written under the final names"),  # Ctrl-C in a terminal
+    (signal.SIGTERM, False, 143, "stopped by SIGTERM: no output written under the final names"),  # kill PID
+    (signal.SIGTERM, True, 143, "stopped by SIGTERM: no output written under the final names"),  # a scheduler
+    (signal.SIGINT, True, 130, "stopped by SIGINT: no output written under the final names"),  # Ctrl-C in a terminal
 ])
 def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status, message):
     out, earlier = earlier_set(tmp_path)
@@ -746,13 +750,13 @@ def test_download_and_prepare(tmp_path, server):
     server.files["/wt.zip"] = wikitext_zip(tmp_path)
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
-    meta = pw.main(argv)
+    meta = pw.prepare_data(argv)
     assert server.log == [("/wt.zip", None, pw.USER_AGENT)]
     assert (out / "wt.zip").read_bytes() == server.files["/wt.zip"] and not (out / "wt.zip.part").exists()
     assert read_docs(out / "train.bin") == ARTICLES[:8]
     assert read_docs(out / "val.bin") == ARTICLES[8:]
     assert meta["source"]["urls"] == [url(server)]
-    pw.main(argv)  # the verified zip is reused: no second request
+    pw.prepare_data(argv)  # the verified zip is reused: no second request
     assert len(server.log) == 1
 
 
@@ -769,7 +773,7 @@ def test_a_full_disk_during_the_download(tmp_path, server, monkeypatch):
     part = (out / "wt.zip.part").read_bytes()
     assert 0 < len(part) <= 100_000 and data.startswith(part)  # what was downloaded is kept, and sound
     monkeypatch.undo()  # space freed
-    pw.main(argv)
+    pw.prepare_data(argv)
     assert server.log[1][1] == f"bytes={len(part)}-"  # resumed
     assert (out / "wt.zip").read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
 
