@@ -1,6 +1,6 @@
 """
 Checks that a model cannot see the future: the logits at position i must depend on the
-tokens 0..i only, in training and in evaluation, at any length (SPEC.md). Any config,
+tokens 0..i only, in training and in evaluation, at any length. Any config,
 any model type, any options: the model is built as train.py builds it.
 
     python check_causal.py config/future50_mse.py                   # seconds, on a CPU
@@ -20,7 +20,8 @@ a small vocabulary; every option kept; the user's flags win); --full_size=True c
 as configured, at 16 positions spread over T (--positions=0 for every one).
 
 --probe=True also trains a small model of the same type and options on the reversal task
-of seed 004: given n random digits, position t must predict digit n-1-t. A causal model
+of the omniverse notebook ("How To Fine-Tune Decoder-Only Models For Sequence
+Classification With Cross-Attention?"): given n random digits, position t must predict digit n-1-t. A causal model
 learns the positions whose digit it has already seen (the second half) and stays at
 chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
 reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
@@ -45,12 +46,12 @@ CHECK_DEFAULTS = dict(
     batch=2,  # sequences per forward pass in the exact checks
     positions=0,  # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
     probe=False,  # also train the reversal probe
-    probe_length=16,  # n, digits per probe sequence: the probe model's block_size (seed 004: 16)
-    probe_vocab=10,  # digits 0..probe_vocab-1 (seed 004: 10)
+    probe_length=16,  # n, digits per probe sequence: the probe model's block_size (the notebook's: 16)
+    probe_vocab=10,  # digits 0..probe_vocab-1 (the notebook's: 10)
     probe_seconds=60.0,  # how long the probe trains
     probe_steps=0,  # train this many steps instead, when > 0
-    probe_batch=128,  # sequences per probe step (seed 004: 128)
-    probe_lr=4e-3,  # probe learning rate, AdamW without weight decay (seed 004: Adam, 4e-3)
+    probe_batch=128,  # sequences per probe step (the notebook's: 128)
+    probe_lr=4e-3,  # probe learning rate, AdamW without weight decay (the notebook's: Adam, 4e-3)
 )
 FLAGS_WITHOUT_VALUE = ("--full_size", "--probe")  # `--probe` alone means --probe=True
 
@@ -328,7 +329,7 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
 
 
 # --------------------------------------------------------------------------------------
-# the reversal probe (seed 004)
+# the reversal probe
 
 
 def reversal_batch(batch, n, vocab_size, generator):
@@ -429,7 +430,7 @@ def plan(options, original, config, user_keys):
     if options["full_size"]:
         sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
         if "positions" not in user_keys:
-            options["positions"] = 16  # a forward and a backward per position: minutes at the seed sizes
+            options["positions"] = 16  # a forward and a backward per position: minutes at the write-ups' sizes
     else:
         sizes = shrunk_sizes(original, config, fixed=user_keys,
                              block_size=min(original["block_size"], CHECK_BLOCK_SIZE),

@@ -23,7 +23,7 @@ import settings
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
-# The write-ups' published results (seeds 000 and 001; SPEC.md): eval-mode train and val
+# The write-ups' published results (their tables and appendices): eval-mode train and val
 # loss after 9000 steps of 160,000 tokens on their Wikipedia text, the unscaled auxiliary
 # loss of the last step (None: the model has none), and the parameter count.
 WRITEUP = {
@@ -87,16 +87,16 @@ def final_numbers(records):
 
 
 @functools.cache
-def seed_configs():
+def writeup_configs():
     """{name: config} of config/<name>.py for every config in WRITEUP."""
     return {name: settings.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
 
 
 def writeup_match(start):
-    """(seed config name, {budget key: (run's value, write-up's value)} where they differ)
-    for a run that trains a seed config's model, or None. The model decides (model_type and
+    """(write-up config name, {budget key: (run's value, write-up's value)} where they differ)
+    for a run that trains the model of a write-up config, or None. The model decides (model_type and
     model_args of the start record); out_dir, data and seed may be anything."""
-    for name, config in seed_configs().items():
+    for name, config in writeup_configs().items():
         # through JSON, as the start record went, so tuples and lists compare equal
         model_args = json.loads(json.dumps(settings.model_args_of(config)))
         if start["model_type"] == config["model_type"] and start.get("model_args") == model_args:
@@ -148,10 +148,10 @@ def summarize(out_dir):
     aux_names = list(aux) or ["aux"]
     published_aux = format_aux({aux_names[0]: published["aux"]}) if published["aux"] is not None else "-"
     writeup_row = dict.fromkeys(row, "")
-    seed = seed_configs()[name]
-    seed_tokens = seed["max_iters"] * seed["gradient_accumulation_steps"] * seed["batch_size"] * seed["block_size"]
+    original = writeup_configs()[name]
+    tokens = original["max_iters"] * original["gradient_accumulation_steps"] * original["batch_size"] * original["block_size"]
     writeup_row.update({"run": f"  write-up: {name}", "params": f"{published['params']:,}",
-                        "iters": str(seed["max_iters"]), "tokens": f"{seed_tokens:,}", "train loss": f"{published['train']:.3f}",
+                        "iters": str(original["max_iters"]), "tokens": f"{tokens:,}", "train loss": f"{published['train']:.3f}",
                         "val loss": f"{published['val']:.3f}", "aux loss": published_aux})
     if budget_differs:
         notes.append(f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(

@@ -489,7 +489,7 @@ def markdown(table, out_root):
     differs = sorted({f"{k} {v['study']} (write-up {v['writeup']})" for row in table["configs"] if row["writeup"]
                       for k, v in row["writeup"]["differs"].items()})
     if with_writeup:
-        lines.append("Write-up: the published numbers of the seed config with the same model (9000 steps on the "
+        lines.append("Write-up: the published numbers of the write-up config with the same model (9000 steps on the "
                      "write-ups' own Wikipedia text): compare differences between configs, not absolute losses."
                      + (f" This study trains unlike them: {', '.join(differs)}." if differs else ""))
     for label, other in (("Not finished", False), ("Trained with other settings than this study's", True)):

@@ -1,12 +1,12 @@
 """
 Tests of check_causal.py: it passes every shipped config and every option that changes the
 forward pass, and it catches leaks planted here, in copies of the models' attention that
-only the tests install (monkeypatch): the seed-003 softmax over the queries, a causal mask
+only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over the queries, a causal mask
 one key too wide, a cross-attention without its mask, a future-attention band that reads
 the real keys, a training path that peeks at the targets, a path behind a zero-initialized
 bias. Run: python -m pytest -q test_check_causal.py
 
-    python test_check_causal.py     # the checker and the probe on the seed-003 bug
+    python test_check_causal.py     # the checker and the probe on the blog post's bug
 """
 
 import dataclasses
@@ -155,8 +155,8 @@ def attention(self, x, allowed, softmax_dim=-1):
 
 
 def softmax_over_queries(self, x):
-    """Seed 003: the mask is right, the softmax runs down the columns: P[i, j] then depends
-    on the scores of the queries after i."""
+    """The "degenerate attention" blog post's bug: the mask is right, the softmax runs down the
+    columns: P[i, j] then depends on the scores of the queries after i."""
     return attention(self, x, lambda i, j: j <= i, softmax_dim=-2)
 
 
@@ -326,11 +326,11 @@ def test_probe_halves_follow_what_each_position_has_seen():
 
 
 def demo():
-    """The checker and the probe on the seed-003 bug, as the README shows them; flags go to
+    """The checker and the probe on the blog post's bug, as the README shows them; flags go to
     the probe (e.g. --probe_seconds=30)."""
     monkeypatch = pytest.MonkeyPatch()
     path = plant(monkeypatch, "softmax_over_queries")
-    print(f"$ python check_causal.py {path}   # softmax over the queries (seed 003), planted")
+    print(f"$ python check_causal.py {path}   # softmax over the queries, planted")
     print(f"exit status {check_causal.main([path])}")
     settings, original, config, user_keys = check_causal.parse_args([path, "--probe", *sys.argv[1:]])
     _, probe_args = check_causal.plan(settings, original, config, user_keys)

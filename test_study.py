@@ -151,7 +151,7 @@ def test_the_table_holds_mean_and_std_over_seeds(finished_study):
             assert row["aux_loss"]["std"] == pytest.approx(np.std(aux, ddof=1), abs=1e-15)
         else:
             assert row["aux_loss"] is None and "| base | 2 of 2 | 32,928 |" in text
-    assert "write-up" not in text  # tiny models are no seed config's
+    assert "write-up" not in text  # tiny models are no write-up config's
 
 
 def test_kill_then_resume(tiny, tmp_path):
@@ -421,7 +421,7 @@ def test_report_skips_cut_off_lines(tmp_path, capsys):
     assert rows["end"][6] == "3.700" and rows["middle"][3:7] == ["310", "49,600,000", "3.600", "3.500"]
 
 
-def test_report_shows_the_writeup_beside_a_seed_config_run(tmp_path, capsys):
+def test_report_shows_the_writeup_beside_a_writeup_config_run(tmp_path, capsys):
     write_log(tmp_path / "mine", fake_run([os.path.join(REPO, "config/future50_mse.py"), "--max_iters=300",
                                            "--data_dir=elsewhere", "--seed=5"]))
     write_log(tmp_path / "full", fake_run([os.path.join(REPO, "config/encdec_plain.py")], iters=9000))
@@ -439,7 +439,7 @@ def test_report_shows_the_writeup_beside_a_seed_config_run(tmp_path, capsys):
     assert lines[6] == "note: mine trains the model of config/future50_mse.py, but unlike the write-up: max_iters 300 (write-up 9000)"
 
 
-def test_writeup_numbers_are_the_seed_configs():
+def test_writeup_numbers_are_the_writeup_configs():
     assert set(report.WRITEUP) == {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(REPO, "config"))} - {"tiny_cpu"}
     for name, published in report.WRITEUP.items():
         with open(os.path.join(REPO, "config", f"{name}.py")) as f:
