@@ -155,7 +155,7 @@ def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, caps
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
     err = last_error(capsys)
-    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the state of iteration 0" in err
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the last saved state" in err
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
 
 

@@ -33,7 +33,7 @@ TINY = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, bat
             device="cpu", dtype="float32", warmup_iters=2, learning_rate=1e-3)
 AUX_KEY = {"baseline": None, "future_attn": "future_attn_loss", "encdec": "embedding_loss"}
 
-# the write-ups' parameter counts (report.WRITEUP, from SPEC.md): the configs must reproduce them exactly
+# the write-ups' parameter counts (report.WRITEUP): the configs must reproduce them exactly
 SEED_PARAMS = {name: published["params"] for name, published in report.WRITEUP.items()}
 
 

@@ -113,14 +113,13 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
     return loss_value, dict(zip(aux.keys(), aux_values))
 
 
-def check_finite(iteration, loss, aux, ckpt_path, saved_iter):
+def check_finite(iteration, loss, aux, ckpt_path):
     """Stop before a non-finite loss reaches the weights (the optimizer has not stepped yet)."""
     values = [("loss", loss), *flat_aux(aux)]
     bad = [name for name, v in values if not math.isfinite(v)]
     if bad:
         raise UserError(f"iteration {iteration}: non-finite {', '.join(bad)} ({', '.join(f'{n} {v}' for n, v in values)}); "
-                        f"stopped, {ckpt_path} keeps the state of iteration {saved_iter} — try a lower "
-                        f"--learning_rate or --grad_clip=1.0")
+                        f"stopped, {ckpt_path} keeps the last saved state — try a lower --learning_rate or --grad_clip=1.0")
 
 
 # --------------------------------------------------------------------------------------
@@ -141,10 +140,7 @@ def run(config, rank, world_size, device, stop):
     torch.backends.cudnn.allow_tf32 = True
 
     # every rank seeds differently (dropout, batches); DDP copies rank 0's initial weights
-    random.seed(config["seed"] + rank)
-    np.random.seed(config["seed"] + rank)
-    torch.manual_seed(config["seed"] + rank)
-    batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
+    batch_generator = seed_all(config["seed"] + rank)
     batch = functools.partial(data.get_batch, config["data_dir"], batch_size=config["batch_size"],
                               block_size=config["block_size"], device=device)
 
@@ -171,21 +167,13 @@ def run(config, rank, world_size, device, stop):
     model = torch.compile(raw_model) if config["compile"] else raw_model
     eval_model = model  # evaluation runs on rank 0 alone, outside DDP
     if ddp:
-        # an encdec model without embedding loss still owns the unused LayerNorm on E (the
-        # write-up's parameter counts include it); DDP must be told that it gets no gradient
-        unused = config["model_type"] == "encdec" and model_args["embedding_loss_type"] == "none"
-        model = DDP(model, device_ids=[torch.device(device)] if device_type == "cuda" else None,
-                    find_unused_parameters=unused)
+        model = wrap_ddp(model, config, model_args, device)
     log_path = os.path.join(config["out_dir"], "log.jsonl")
     logger = Logger(log_path, config, model_args, raw_model, world_size, tokens_per_iter, iter_num) if master else None
 
-    saved_iter = iter_num if config["init_from"] == "resume" else None  # of ckpt.pt
-
     def save(rng):  # ckpt.pt: the latest state (rank 0 only)
-        nonlocal saved_iter
         checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
             config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter))
-        saved_iter = iter_num
 
     t_last, timed_iters = time.time(), 0
     while True:
@@ -215,7 +203,7 @@ def run(config, rank, world_size, device, stop):
             group["lr"] = lr
         loss, aux = forward_backward(model, functools.partial(batch, generator=batch_generator), accum_steps,
                                      autocast, scaler, ddp)
-        check_finite(iter_num + 1, loss, aux, ckpt_path, saved_iter)
+        check_finite(iter_num + 1, loss, aux, ckpt_path)
         if config["grad_clip"] > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
             torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
@@ -315,6 +303,23 @@ def flat_aux(aux):
 
 # --------------------------------------------------------------------------------------
 # processes: one, or one per GPU under torchrun
+
+
+def seed_all(seed):
+    """Seeds every random generator training reads; returns the batch sampler's own generator."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def wrap_ddp(model, config, model_args, device):
+    """The model in DistributedDataParallel, which averages the gradients over the processes."""
+    # an encdec model without embedding loss still owns the unused LayerNorm on E (the
+    # write-up's parameter counts include it); DDP must be told that it gets no gradient
+    unused = config["model_type"] == "encdec" and model_args["embedding_loss_type"] == "none"
+    return DDP(model, device_ids=[torch.device(device)] if device.startswith("cuda") else None,
+               find_unused_parameters=unused)
 
 
 def setup_distributed(config):
