@@ -174,7 +174,7 @@ def test_a_two_process_run_stopped_by_sigterm_resumes(data_dir, tmp_path):
 
 def test_study_passes_sigterm_on_and_the_same_command_finishes(tiny, tmp_path):
     argv = [tiny["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
-            "--max_iters=300", "--eval_interval=50"]
+            "--max_iters=150", "--eval_interval=50"]
     run_dir = tmp_path / "base-seed3"
     process = start(argv, launcher=(sys.executable, "study.py"))
     wait_for(trained_to(run_dir, 20), process)
@@ -190,7 +190,7 @@ def test_study_passes_sigterm_on_and_the_same_command_finishes(tiny, tmp_path):
     status, out, _ = run_study(argv)
     assert status == 0 and f"[1/1] base-seed3: resuming from iter {stopped_at}" in out
     trains = [r["iter"] for r in report.read_log(str(run_dir))[0] if r["type"] == "train"]
-    assert trains == list(range(1, 301))
+    assert trains == list(range(1, 151))
 
 
 @pytest.fixture

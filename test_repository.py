@@ -33,7 +33,9 @@ def tracked_files():
 
 
 def test_the_patterns_catch_what_they_must():
-    lines = ["see SPEC.md", "as seed 000 says", "the seeds' runs", "../shared/tiktoken_cache", "seed-003 bug"]
+    # pieces joined, so that this file itself holds none of them
+    lines = ["see SPEC" + ".md", "as seed " + "000 says", "the seeds" + "' runs", ".." + "/shared/tiktoken_cache",
+             "seed-" + "003 bug"]
     assert all(any(pattern.search(line) for _, pattern in FORBIDDEN) for line in lines)
     fine = ["--seed=1337", "seeds 1337,1338", "the write-ups' settings", "torch.manual_seed(0)", "shared blocks"]
     assert not any(pattern.search(line) for line in fine for _, pattern in FORBIDDEN)
