@@ -202,8 +202,9 @@ def test_embedding_loss_sides_give_the_models_loss(overrides, T):
 
 
 def test_no_embedding_loss_no_sides():
-    assert visualize.embedding_loss_sides(random_model(ed, embedding_loss_type="none"), torch.zeros(1, 4, dtype=torch.long)) is None
-    assert visualize.embedding_loss_sides(random_model(base), torch.zeros(1, 4, dtype=torch.long)) is None
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    assert visualize.embedding_loss_sides(random_model(ed, embedding_loss_type="none"), idx) is None
+    assert visualize.embedding_loss_sides(random_model(base), idx) is None
 
 
 # --------------------------------------------------------------------------------------
@@ -226,8 +227,8 @@ def runs(data_dir, tmp_path_factory):
     out = {}
     for name, settings in RUNS.items():
         out_dir = tmp_path_factory.mktemp(f"out-{name}", numbered=False)
-        flags = [f"--{key}={value}" for key, value in {**RUN, **settings, "data_dir": data_dir, "out_dir": out_dir}.items()]
-        train.train(train.get_config(flags))
+        settings = {**RUN, **settings, "data_dir": data_dir, "out_dir": out_dir}
+        train.train(train.get_config([f"--{key}={value}" for key, value in settings.items()]))
         out[name] = str(out_dir)
     return out
 
@@ -269,7 +270,8 @@ def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, capsys):
 @draws
 def test_one_layer_and_head(runs, tmp_path, capsys):
     # encdec: 2 self-attention heads, 4 cross-attention heads; head 3 exists in cross only
-    assert visualize.main([f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3", f"--save_dir={tmp_path}"]) == 0
+    argv = [f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3", f"--save_dir={tmp_path}"]
+    assert visualize.main(argv) == 0
     out = capsys.readouterr().out
     assert "note: encoder attention of out-encdec has no head 3" in out
     assert "attention_cross_out-encdec.png" in written(out)

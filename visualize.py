@@ -18,6 +18,7 @@ Needs matplotlib (pip install matplotlib). Tokens are GPT-2 BPE (tiktoken); offl
 TIKTOKEN_CACHE_DIR at a cached copy.
 """
 
+import contextlib
 import os
 import sys
 
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 import configurator
 from configurator import ConfigError
 from sample import read_prompt
-from train import TrainError, load_checkpoint, model_from_checkpoint
+from train import TrainError
+from train import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     out_dir="out",  # the training run whose ckpt.pt to draw; repeat --out_dir=... to compare runs
@@ -187,6 +189,8 @@ def save(fig, path, dpi):
         fig.savefig(tmp_path, format="png", dpi=dpi)
         os.replace(tmp_path, path)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp_path)
         raise TrainError(f"cannot write {path} ({e.strerror}): choose another --save_dir") from None
     finally:
         fig.clf()
@@ -210,7 +214,7 @@ def draw_map(ax, P, title, labels, n_keys, future_dim=None):
     ax.set_xlabel("key j", fontsize=7), ax.set_ylabel("query i", fontsize=7)
     ax.tick_params(labelsize=6)
     if T <= 64:  # tokens on a short prompt (every step-th, so they do not overlap), positions on a long one
-        step = -(-T // 16)
+        step = -(-T // 12)
         ticks, names = range(0, T, step), labels[::step]
         ax.set_yticks(ticks, names if ax.get_subplotspec().is_first_col() else [])
         ax.set_xticks(ticks, names if ax.get_subplotspec().is_last_row() else [], rotation=90)
@@ -237,7 +241,7 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
         panels.append(row)
     n_keys = max(maps[layer].size(-1) for layer in layers)
     fig, axes = plt.subplots(len(panels), len(panels[0]), squeeze=False, layout="constrained",
-                             figsize=(2.0 * len(panels[0]) + 1.5, 2.0 * len(panels) + 0.8))
+                             figsize=(1.6 * len(panels[0]) * n_keys / len(labels) + 1.2, 1.8 * len(panels) + 0.6))
     images = {}  # one image of each colour, for the colour bars
     for row, panel_row in enumerate(panels):
         for col, (name, P, band) in enumerate(panel_row):
@@ -246,9 +250,10 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
             else:
                 images.update(zip(("causal", "future"), draw_map(axes[row, col], P.float().numpy(), name,
                                                                   labels, n_keys, band)))
-    fig.colorbar(images["causal"], ax=axes, shrink=0.5, label="attention weight, keys j <= i")
+    bar = dict(ax=axes, shrink=0.6, aspect=30, pad=0.01)
+    fig.colorbar(images["causal"], label="attention weight, keys j <= i", **bar)
     if "future" in images:
-        fig.colorbar(images["future"], ax=axes, shrink=0.5, label="weight of the future keys, i < j <= i + future_dim")
+        fig.colorbar(images["future"], label="future keys, i < j <= i + future_dim", **bar)
     fig.suptitle(title)
     save(fig, path, dpi)
 
@@ -272,8 +277,9 @@ def draw_embeddings(path, stats, block_sizes, dpi):
             title += f", p = {C}: the next position"
         ax.set(title=title, xlabel="position q", ylabel="position p")
         ax = axes[1, col]
-        ax.hist(s["token_norms"].float().numpy(), bins=bins, density=True, alpha=0.6, label=f"||wte[v]||, {len(s['token_norms']):,} tokens")
-        ax.hist(s["pos_norms"].float().numpy(), bins=bins, density=True, alpha=0.6, label=f"||wpe[p]||, {len(s['pos_norms'])} positions")
+        for norms, label in ((s["token_norms"], f"||wte[v]||, {len(s['token_norms']):,} tokens"),
+                             (s["pos_norms"], f"||wpe[p]||, {len(s['pos_norms'])} positions")):
+            ax.hist(norms.float().numpy(), bins=bins, density=True, alpha=0.6, label=label)
         ax.set(xlabel="norm", ylabel="density"), ax.legend(fontsize=7)
         ax = axes[2, col]
         ax.plot(s["pos_norms"].float().numpy(), label="||wpe[p]||")
@@ -283,15 +289,14 @@ def draw_embeddings(path, stats, block_sizes, dpi):
     save(fig, path, dpi)
 
 
-def draw_embedding_loss(path, name, sides, loss_type, labels, dpi):
-    """Per position: the MSE between E_avg and LN_b(encoder_out), and their cosine similarity."""
+def draw_embedding_loss(path, title, sides, labels, dpi):
+    """Per position: the MSE between the two sides of the embedding loss, and their cosine similarity."""
     plt = pyplot()
     fig, (ax_mse, ax_cos) = plt.subplots(2, 1, sharex=True, figsize=(max(6, 0.25 * len(labels)), 5.5),
                                          layout="constrained")
     mse, cosine = sides["mse"][0].float().numpy(), sides["cosine"][0].float().numpy()
     ax_mse.plot(mse, marker=".")
-    ax_mse.set(ylabel="MSE", title=f"{name}: E_avg_i against the normalized encoder_out_i "
-                                   f"(loss type {loss_type}; mean MSE {mse.mean():.3g})")
+    ax_mse.set(ylabel="MSE", title=f"{title}\nmean MSE over the prompt {mse.mean():.3g}")
     ax_cos.plot(cosine, marker=".", color="C1")
     ax_cos.set(ylabel="cosine similarity", xlabel="position i")
     if len(labels) <= 64:
@@ -337,7 +342,7 @@ def token_ids(config):
 
 
 def visualize(config, out_dirs):
-    """Writes the PNG files for the runs in out_dirs, printing a line on each; returns their paths."""
+    """Writes the PNG files for the runs in out_dirs, printing a line on each."""
     for key in ("grid", "dpi"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
@@ -357,12 +362,6 @@ def visualize(config, out_dirs):
     except OSError as e:
         raise TrainError(f"cannot create save_dir {save_dir} ({e.strerror}): choose another --save_dir") from None
 
-    written = []
-
-    def wrote(path, what):
-        print(f"wrote {path}: {what}")
-        written.append(path)
-
     for name, (model, layers, heads) in runs.items():
         C = model.config.block_size
         if len(ids) > C:
@@ -378,22 +377,22 @@ def visualize(config, out_dirs):
                 continue
             draw_attention(path, f"{name}: {kind} attention on a {T}-token prompt", maps[kind], maps.get("target"),
                            layers, heads[kind], labels[:T], future_dim if kind == "future" else None, config["dpi"])
-            n_layer = len(maps[kind])
-            wrote(path, f"{kind} attention weights of layers {layers} (of {n_layer}) x heads {heads[kind]} "
-                              f"(of {maps[kind][0].size(1)}); --layer=N --head=N pick others")
+            print(f"wrote {path}: {kind} attention weights of layers {layers} (of {len(maps[kind])}) x heads "
+                  f"{heads[kind]} (of {maps[kind][0].size(1)}); --layer=N --head=N pick others")
         sides = embedding_loss_sides(model, idx)
         if sides is None:
             print(f"note: {name} has no embedding loss: no embedding_loss_{name}.png")
         else:
             path = os.path.join(save_dir, f"embedding_loss_{name}.png")
-            draw_embedding_loss(path, name, sides, model.config.embedding_loss_type, labels[:T], config["dpi"])
-            wrote(path, f"per position, MSE and cosine similarity of E_avg and LN_b(encoder_out) of {name}")
+            sides_named = f"E_avg and {'LN_b(encoder_out)' if model.config.ln_encoder_out else 'encoder_out'}"
+            draw_embedding_loss(path, f"{name}: {sides_named} per position (embedding loss "
+                                      f"{model.config.embedding_loss_type})", sides, labels[:T], config["dpi"])
+            print(f"wrote {path}: per position, MSE and cosine similarity of {sides_named} of {name}")
 
     path = os.path.join(save_dir, f"embeddings_{'_vs_'.join(runs)}.png")
     draw_embeddings(path, {name: embedding_stats(model) for name, (model, _, _) in runs.items()},
                     {name: model.config.block_size for name, (model, _, _) in runs.items()}, config["dpi"])
-    wrote(path, f"position-embedding cosine similarity and token/position norms of {', '.join(runs)}")
-    return written
+    print(f"wrote {path}: position-embedding cosine similarity and token/position norms of {', '.join(runs)}")
 
 
 def main(argv=None):
