@@ -1,0 +1,307 @@
+"""
+Tests of visualize.py: the numbers it draws are the models' own, and the script runs end to end.
+
+Each attention map must reproduce its layer's output (P @ v against the input of c_proj,
+every layer and head), the embedding statistics a direct computation, and the embedding
+loss's two sides the model's loss. Tiny models with random weights at a scale where every
+head attends differently, so a wrong head, mask or transpose shows.
+Run: python -m pytest -q test_visualize.py (offline: export TIKTOKEN_CACHE_DIR first)
+"""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model_baseline as base
+import model_encdec as ed
+import model_future_attn as fa
+import train
+import visualize
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+VOCAB = 61
+C = 12  # block_size of the random models
+TINY = dict(vocab_size=VOCAB, block_size=C, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+PNG = b"\x89PNG\r\n\x1a\n"
+# matplotlib is optional (requirements-test.txt has it): without it, only the drawings go untested
+draws = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+
+
+def random_model(module, **overrides):
+    """A tiny float64 model with every parameter random: near the init, q . k is so small
+    that every head attends almost uniformly and a wrong head would go unnoticed."""
+    torch.manual_seed(0)
+    model = module.GPT(module.GPTConfig(**{**TINY, **overrides})).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model
+
+
+def layer_records(model, idx, modules):
+    """For each attention module: the arguments of its forward and the input of its c_proj
+    (the heads' outputs side by side, (B, T, d)), from one eval-mode forward pass."""
+    records = {m: {} for m in modules}
+    hooks = []
+    for m in modules:
+        hooks.append(m.register_forward_pre_hook(lambda m, args: records[m].update(args=args)))
+        hooks.append(m.c_proj.register_forward_pre_hook(lambda c, args, m=m: records[m].update(y=args[0])))
+    model.eval()
+    with torch.no_grad():
+        model(idx)
+    for hook in hooks:
+        hook.remove()
+    return records
+
+
+def by_head(y, n_head):
+    B, T, d = y.shape
+    return y.view(B, T, n_head, d // n_head).transpose(1, 2)  # (B, T, d) -> (B, nh, T, hs)
+
+
+def plain_attentions(model):
+    """[(kind, layer, module, its values v of the captured args)] of the causal attentions."""
+    tr = model.transformer
+    if isinstance(model, ed.GPT):
+        self_v = lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2]
+        cross_v = lambda m, args: m.c_kv(args[0]).split(m.n_embd, dim=2)[1]  # values of encoder_out
+        return ([("encoder", l, b.attn, self_v) for l, b in enumerate(tr.encoder)]
+                + [("decoder", l, b.attn, self_v) for l, b in enumerate(tr.decoder)]
+                + [("cross", l, b.cross_attn, cross_v) for l, b in enumerate(tr.decoder)])
+    return [("self", l, b.attn, lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2])
+            for l, b in enumerate(tr.h)]
+
+
+# --------------------------------------------------------------------------------------
+# the numbers
+
+
+@pytest.mark.parametrize("module, overrides", [
+    (base, {}), (base, dict(bias=True)),
+    (ed, dict(cross_n_head=8)), (ed, dict(order="alt", n_head=2, cross_n_head=2)),
+], ids=["baseline", "baseline_bias", "encdec", "encdec_alt"])
+def test_plain_attention_maps_reproduce_each_layer_and_head(module, overrides):
+    model = random_model(module, **overrides)
+    idx = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    maps = visualize.attention_maps(model, idx)
+    attentions = plain_attentions(model)
+    records = layer_records(model, idx, [m for _, _, m, _ in attentions])
+    assert sorted(maps) == sorted({kind for kind, _, _, _ in attentions})
+    above = torch.ones(9, 9, dtype=torch.bool).triu(diagonal=1)
+    for kind, layer, m, values in attentions:
+        P, record = maps[kind][layer], records[m]
+        assert P.shape == (2, m.n_head, 9, 9), (kind, layer)
+        torch.testing.assert_close(P.sum(-1), torch.ones(2, m.n_head, 9, dtype=P.dtype))
+        assert (P[..., above] == 0).all(), (kind, layer)  # causal: nothing above the diagonal
+        v = by_head(values(m, record["args"]), m.n_head)  # (B, nh, T, hs)
+        y = by_head(record["y"], m.n_head)  # what the layer computed, per head
+        torch.testing.assert_close(P @ v, y, rtol=1e-9, atol=1e-9)  # every layer and head
+        # the check can fail: another head's map, or the transposed map, gives other outputs
+        assert not torch.allclose(P.roll(1, dims=1) @ v, y, atol=1e-3), (kind, layer)
+        assert not torch.allclose(P.transpose(-2, -1).tril() @ v, y, atol=1e-3), (kind, layer)
+
+
+@pytest.mark.parametrize("overrides, T", [
+    (dict(future_dim=3), 8),  # the band runs past the prompt: key positions 8..10
+    (dict(future_dim=C - 1), C),  # the full future
+    (dict(n_layer=3, start_layer=2, end_layer=2, future_dim=5, bias=True), 7),  # causal layers around, biases
+], ids=["fd3", "fd_full", "layer2_bias"])
+def test_future_attention_maps_reproduce_the_layer(overrides, T):
+    model = random_model(fa, **overrides)
+    fd = model.config.future_dim
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(2))
+    maps = visualize.attention_maps(model, idx)
+    blocks = model.transformer.h
+    records = layer_records(model, idx, [block.attn for block in blocks])
+    assert sorted(maps) == ["future", "target"] and len(maps["future"]) == len(blocks)
+    for layer, block in enumerate(blocks):
+        square, P_star, record = maps["future"][layer], maps["target"][layer], records[block.attn]
+        H = block.attn.n_head
+        y = by_head(record["y"], H)  # the layer's out, before c_proj: (B, H, T, hs)
+        if not block.future:  # a plain causal layer
+            assert P_star is None and square.shape == (2, H, T, T)
+            v = by_head(block.attn.c_attn(record["args"][0]).split(32, dim=2)[2], H)
+            torch.testing.assert_close(square @ v, y, rtol=1e-9, atol=1e-9)
+            continue
+        K = min(T + fd, C)  # key positions 0..K-1: the prompt's, then the future keys' beyond it
+        assert square.shape == (2, H, T, K)
+        i, j = torch.arange(T).view(T, 1), torch.arange(K).view(1, K)
+        causal, band = j <= i, (j > i) & (j <= i + fd)
+        torch.testing.assert_close(square.sum(-1), torch.ones(2, H, T, dtype=square.dtype))  # causal + band
+        assert (square[..., ~(causal | band)] == 0).all()  # nothing outside the causal part and the band
+        # split as the model does: P_unmasked over the real keys, P_future column m = key position m+1
+        q, k, v = block.attn.heads(record["args"][0])  # (B, H, T, hs) each
+        P_unmasked = square[..., :T] * causal[:, :T]  # (B, H, T, T)
+        P_future = (square * band)[..., 1:]  # (B, H, T, K-1)
+        out = P_unmasked @ v + P_future @ block.attn.V_future[:, :K - 1]  # (B, H, T, hs)
+        if block.attn.V_future_bias is not None:
+            out = out + block.attn.V_future_bias
+        torch.testing.assert_close(out, y, rtol=1e-9, atol=1e-9)
+        assert not torch.allclose(out.roll(1, dims=1), y, atol=1e-3)  # heads differ: a wrong head shows
+        # the target: P* over the real keys j <= i + future_dim; its part j > i gives the model's out*_future
+        assert P_star.shape == (2, H, T, T)
+        torch.testing.assert_close(P_star.sum(-1), torch.ones(2, H, T, dtype=P_star.dtype))
+        assert (P_star[..., ~(j[:, :T] <= i + fd)] == 0).all()
+        _, _, out_future_star = fa.future_attention(
+            q, k, v, block.attn.K_future, block.attn.V_future, block.attn.K_future_bias, block.attn.V_future_bias,
+            future_dim=fd, with_target=True)
+        torch.testing.assert_close(P_star.triu(diagonal=1) @ v, out_future_star, rtol=1e-9, atol=1e-9)
+
+
+def test_maps_are_computed_in_eval_mode_and_leave_the_mode_alone():
+    model = random_model(base, dropout=0.5)
+    idx = torch.randint(0, VOCAB, (1, C), generator=torch.Generator().manual_seed(3))
+    model.train()
+    first, second = visualize.attention_maps(model, idx), visualize.attention_maps(model, idx)
+    assert model.training  # restored
+    for P, Q in zip(first["self"], second["self"]):
+        assert torch.equal(P, Q)  # no dropout
+        assert not P.requires_grad  # under no_grad
+
+
+@pytest.mark.parametrize("module, overrides, n_pos", [
+    (base, {}, C), (fa, dict(future_dim=3), C), (ed, {}, C + 1), (ed, dict(sub_pos="no"), C),
+], ids=["baseline", "future_attn", "encdec_possub", "encdec_plain"])
+def test_embedding_stats_are_the_direct_computation(module, overrides, n_pos):
+    model = random_model(module, **overrides)
+    stats = visualize.embedding_stats(model)
+    wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
+    assert wpe.size(0) == n_pos  # row C only where the encoder-decoder uses the next position
+    direct = torch.stack([torch.stack([F.cosine_similarity(wpe[p], wpe[q], dim=0) for q in range(n_pos)])
+                          for p in range(n_pos)])
+    torch.testing.assert_close(stats["pos_cosine"], direct)
+    torch.testing.assert_close(stats["pos_norms"], torch.linalg.norm(wpe, dim=1))
+    torch.testing.assert_close(stats["token_norms"], torch.linalg.norm(wte, dim=1))
+    assert stats["token_norms"].shape == (VOCAB,)
+
+
+@pytest.mark.parametrize("overrides, T", [
+    (dict(), C),  # mse, LN_a before the mean, LN_b
+    (dict(embedding_loss_type="cosine", bias=True), C - 4),
+    (dict(embedding_loss_type="log_cosine", embedding_ln="avg", detach="none"), C),
+    (dict(embedding_ln="none", ln_encoder_out=False), C - 1),
+], ids=["mse", "cosine", "log_cosine_avg", "mse_no_ln"])
+def test_embedding_loss_sides_give_the_models_loss(overrides, T):
+    model = random_model(ed, **overrides)
+    gen = torch.Generator().manual_seed(4)
+    idx, targets = torch.randint(0, VOCAB, (2, T), generator=gen), torch.randint(0, VOCAB, (2, T), generator=gen)
+    sides = visualize.embedding_loss_sides(model, idx)
+    assert sides["E_avg"].shape == sides["encoder_out"].shape == (2, T, 32)
+    assert sides["mse"].shape == sides["cosine"].shape == (2, T)
+    model.train()  # the model's own embedding loss, on the same tokens (dropout 0: the same forward)
+    _, _, aux = model(idx, targets)
+    loss_type = model.config.embedding_loss_type
+    torch.testing.assert_close(ed.disaffinity(sides["E_avg"], sides["encoder_out"], loss_type), aux["embedding_loss"])
+    from_positions = {"mse": sides["mse"].mean(), "cosine": (1 - (1 + sides["cosine"]) / 2).mean(),
+                      "log_cosine": -torch.log((1 + sides["cosine"]) / 2).mean()}[loss_type]
+    torch.testing.assert_close(from_positions, aux["embedding_loss"])
+
+
+def test_no_embedding_loss_no_sides():
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    assert visualize.embedding_loss_sides(random_model(ed, embedding_loss_type="none"), idx) is None
+    assert visualize.embedding_loss_sides(random_model(base), idx) is None
+
+
+# --------------------------------------------------------------------------------------
+# the script, on checkpoints that train.py writes
+
+RUNS = {  # name -> model settings; the GPT-2 vocabulary, so the prompt's tokens fit
+    "base": dict(model_type="baseline"),
+    "future": dict(model_type="future_attn", future_dim=4),
+    "encdec": dict(model_type="encdec"),  # MSE embedding loss and position subtraction
+    "plain": dict(model_type="encdec", sub_pos="no", embedding_loss_type="none"),
+}
+RUN = dict(vocab_size=50257, block_size=16, n_layer=2, n_head=2, n_embd=32, batch_size=2,
+           gradient_accumulation_steps=1, eval_iters=1, eval_interval=2, log_interval=1, max_iters=2,
+           compile=False, device="cpu", dtype="float32", warmup_iters=1, learning_rate=1e-3)
+PROMPT = "--start=The cat sat on the mat."
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    out = {}
+    for name, settings in RUNS.items():
+        out_dir = tmp_path_factory.mktemp(f"out-{name}", numbered=False)
+        settings = {**RUN, **settings, "data_dir": data_dir, "out_dir": out_dir}
+        train.train(train.get_config([f"--{key}={value}" for key, value in settings.items()]))
+        out[name] = str(out_dir)
+    return out
+
+
+def written(out):
+    """The paths of the 'wrote PATH: what' lines, each a whole PNG."""
+    paths = [line.split(": ")[0][len("wrote "):] for line in out.splitlines() if line.startswith("wrote ")]
+    for path in paths:
+        with open(path, "rb") as f:
+            assert f.read(8) == PNG, path
+    return sorted(os.path.basename(path) for path in paths)
+
+
+@draws
+@pytest.mark.parametrize("name, files", [
+    ("base", ["attention_self_out-base.png", "embeddings_out-base.png"]),
+    ("future", ["attention_future_out-future.png", "embeddings_out-future.png"]),
+    ("encdec", ["attention_cross_out-encdec.png", "attention_decoder_out-encdec.png",
+                "attention_encoder_out-encdec.png", "embedding_loss_out-encdec.png", "embeddings_out-encdec.png"]),
+])
+def test_every_model_type_end_to_end(runs, name, files, tmp_path, capsys):
+    assert visualize.main([f"--out_dir={runs[name]}", PROMPT, f"--save_dir={tmp_path}"]) == 0
+    assert written(capsys.readouterr().out) == files
+    assert sorted(os.listdir(tmp_path)) == files  # no temporary files left
+
+
+@draws
+def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, capsys):
+    long_prompt = "--start=" + "one two three four five six seven eight nine ten " * 2  # 20 tokens > 16
+    argv = [f"--out_dir={runs['encdec']}", f"--out_dir={runs['plain']}", long_prompt, "--layer=0", "--head=0"]
+    assert visualize.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "embeddings_out-encdec_vs_out-plain.png" in written(out)
+    assert "note: out-plain has no embedding loss" in out
+    assert out.count("more than") == 2  # the crop, said once per run
+    assert "attention_cross_out-plain.png" in os.listdir(runs["encdec"])  # the first out_dir by default
+
+
+@draws
+def test_one_layer_and_head(runs, tmp_path, capsys):
+    # encdec: 2 self-attention heads, 4 cross-attention heads; head 3 exists in cross only
+    argv = [f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3", f"--save_dir={tmp_path}"]
+    assert visualize.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: encoder attention of out-encdec has no head 3" in out
+    assert "attention_cross_out-encdec.png" in written(out)
+    assert "cross attention weights of layers [1] (of 2) x heads [3] (of 4)" in out
+
+
+@draws  # the checks that need the checkpoint come after the one for matplotlib
+@pytest.mark.parametrize("flag, message", [
+    ("--layer=2", "layer must be in 0..1 (out-base has 2 layers), got 2"),
+    ("--head=-1", "head must be in 0..1 (out-base has 2 heads), got -1"),
+    ("--layer=first", "layer must be in 0..1 (out-base has 2 layers), got 'first'"),
+    ("--grid=0", "grid must be at least 1"),
+    ("--start=", "the prompt is empty"),
+])
+def test_bad_settings_are_one_line(runs, flag, message, capsys):
+    assert visualize.main([f"--out_dir={runs['base']}", PROMPT, flag]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {err[7:]}" and message in err and err.count("\n") == 1
+
+
+def test_failures_are_one_line(runs, tmp_path, monkeypatch, capsys):
+    assert visualize.main([f"--out_dir={tmp_path}"]) == 1
+    assert f"error: no checkpoint at {tmp_path}/ckpt.pt" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 1
+    assert capsys.readouterr().err == "error: visualize.py draws with matplotlib: pip install matplotlib\n"
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_lists_the_keys(capsys):
+    assert visualize.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--layer=None" in out and "--grid=6" in out
