@@ -55,6 +55,15 @@ def read_prompt(start):
                           f"save it as UTF-8") from None
 
 
+def gpt2_tokenizer():
+    """tiktoken's GPT-2 BPE, or a UserError saying how to get it offline."""
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
+                        f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files (README: Offline)") from None
+
+
 def check_settings(config):
     if config["temperature"] <= 0:
         raise ConfigError(f"temperature must be > 0, got {config['temperature']} (for greedy decoding use --top_k=1)")
@@ -84,11 +93,7 @@ def sample(config):
         # generate() calls the model itself, so compile its forward; prompts grow, hence dynamic
         model.forward = torch.compile(model.forward, dynamic=True)
 
-    try:
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
-                         f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files") from None
+    enc = gpt2_tokenizer()
     ids = enc.encode(prompt, allowed_special={"<|endoftext|>"})
     if not ids:
         raise ConfigError("the prompt is empty: give --start some text")

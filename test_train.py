@@ -328,7 +328,7 @@ def test_sample_from_a_checkpoint(runs, tmp_path, capsys):
 
 def test_sample_refuses_missing_or_foreign_checkpoint(tmp_path, capsys):
     assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
-    assert f"no checkpoint at {tmp_path}/ckpt.pt" in capsys.readouterr().err
+    assert f"no checkpoint at {tmp_path}/best.pt" in capsys.readouterr().err
     torch.save({"model_args": {}}, tmp_path / "ckpt.pt")
     assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
     err = capsys.readouterr().err

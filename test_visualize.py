@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
+import settings
 import train
 import visualize
 
@@ -225,10 +226,10 @@ PROMPT = "--start=The cat sat on the mat."
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
     out = {}
-    for name, settings in RUNS.items():
+    for name, run_settings in RUNS.items():
         out_dir = tmp_path_factory.mktemp(f"out-{name}", numbered=False)
-        settings = {**RUN, **settings, "data_dir": data_dir, "out_dir": out_dir}
-        train.train(train.get_config([f"--{key}={value}" for key, value in settings.items()]))
+        run_settings = {**RUN, **run_settings, "data_dir": data_dir, "out_dir": out_dir}
+        train.train(settings.get_config([f"--{key}={value}" for key, value in run_settings.items()]))
         out[name] = str(out_dir)
     return out
 
@@ -294,7 +295,7 @@ def test_bad_settings_are_one_line(runs, flag, message, capsys):
 
 def test_failures_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert visualize.main([f"--out_dir={tmp_path}"]) == 1
-    assert f"error: no checkpoint at {tmp_path}/ckpt.pt" in capsys.readouterr().err
+    assert f"error: no checkpoint at {tmp_path}/best.pt" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 1
     assert capsys.readouterr().err == "error: visualize.py draws with matplotlib: pip install matplotlib\n"

@@ -1,5 +1,6 @@
 """
-Draws what a model that train.py trained has learned (any of the three; ckpt.pt names its type).
+Draws what a model that train.py trained has learned (any of the three; its checkpoint names
+its type): best.pt, the lowest val loss, unless --checkpoint=latest (ckpt.pt).
 
     python visualize.py --out_dir=out-tiny_cpu --start="The history of the city"
     python visualize.py --out_dir=out-future50_mse --start=FILE:prompt.txt --layer=3 --head=0
@@ -18,23 +19,22 @@ Needs matplotlib (pip install matplotlib). Tokens are GPT-2 BPE (tiktoken); offl
 TIKTOKEN_CACHE_DIR at a cached copy.
 """
 
-import contextlib
 import os
 import sys
 
 import numpy as np
-import tiktoken
 import torch
 import torch.nn.functional as F
 
+import cli
 import configurator
-from configurator import ConfigError
-from sample import read_prompt
-from train import TrainError
-from train import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, model_path
+from cli import ConfigError, UserError
+from sample import gpt2_tokenizer, read_prompt
 
 DEFAULTS = dict(
-    out_dir="out",  # the training run whose ckpt.pt to draw; repeat --out_dir=... to compare runs
+    out_dir="out",  # the training run to draw; repeat --out_dir=... to compare runs
+    checkpoint="best",  # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt)
     start="The history of the city begins in the Middle Ages, when a small village grew up around the church.",
     layer=None,  # one layer to draw, 0-indexed (per stack for encdec); None = a grid spread over all
     head=None,  # one head to draw, 0-indexed; None = a grid spread over all
@@ -176,22 +176,16 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise TrainError("visualize.py draws with matplotlib: pip install matplotlib") from None
+        raise UserError("visualize.py draws with matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
     return plt
 
 
 def save(fig, path, dpi):
-    """Write atomically: a temporary name in the same folder, then renamed."""
-    tmp_path = path + ".tmp"
+    """Write atomically (cli.write_atomically): a temporary name in the same folder, then renamed."""
     try:
-        fig.savefig(tmp_path, format="png", dpi=dpi)
-        os.replace(tmp_path, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp_path)
-        raise TrainError(f"cannot write {path} ({e.strerror}): choose another --save_dir") from None
+        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
     finally:
         fig.clf()
         pyplot().close(fig)
@@ -329,11 +323,7 @@ def selection(config, model, name):
 
 
 def token_ids(config):
-    try:
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise TrainError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
-                         f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files") from None
+    enc = gpt2_tokenizer()
     ids = enc.encode(read_prompt(config["start"]), allowed_special={"<|endoftext|>"})
     if not ids:
         raise ConfigError("the prompt is empty: give --start some text")
@@ -346,6 +336,8 @@ def visualize(config, out_dirs):
     for key in ("grid", "dpi"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    if config["checkpoint"] not in ("best", "latest"):
+        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {config['checkpoint']!r}")
     pyplot()  # before the slow part: without matplotlib, nothing to do
     ids, labels = token_ids(config)
     save_dir = config["save_dir"] or out_dirs[0]
@@ -353,14 +345,14 @@ def visualize(config, out_dirs):
     for out_dir in out_dirs:
         name = os.path.basename(os.path.normpath(out_dir)) or "run"
         name = name if name not in runs else f"{name}_{len(runs) + 1}"  # two runs named alike
-        model = model_from_checkpoint(load_checkpoint(os.path.join(out_dir, "ckpt.pt")))
+        model = model_from_checkpoint(load_checkpoint(model_path(out_dir, config["checkpoint"])))
         if max(ids) >= model.config.vocab_size:
             raise ConfigError(f"the prompt has GPT-2 tokens beyond {name}'s vocab_size ({model.config.vocab_size})")
         runs[name] = (model.eval(), *selection(config, model, name))
     try:
         os.makedirs(save_dir, exist_ok=True)
     except OSError as e:
-        raise TrainError(f"cannot create save_dir {save_dir} ({e.strerror}): choose another --save_dir") from None
+        raise UserError(f"cannot create save_dir {save_dir} ({e.strerror}): choose another --save_dir") from None
 
     for name, (model, layers, heads) in runs.items():
         C = model.config.block_size
@@ -395,23 +387,16 @@ def visualize(config, out_dirs):
     print(f"wrote {path}: position-embedding cosine similarity and token/position norms of {', '.join(runs)}")
 
 
-def main(argv=None):
+@cli.main
+def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
-    argv = sys.argv[1:] if argv is None else argv
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, DEFAULTS))
         return 0
-    try:
-        config = configurator.merge(DEFAULTS, *configurator.parse(argv))
-        # configurator keeps the last of repeated flags; every --out_dir is a run to draw
-        out_dirs = [arg.partition("=")[2] for arg in argv if arg.startswith("--out_dir=")] or [config["out_dir"]]
-        visualize(config, out_dirs)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except TrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    config = configurator.merge(DEFAULTS, *configurator.parse(argv))
+    # configurator keeps the last of repeated flags; every --out_dir is a run to draw
+    out_dirs = [arg.partition("=")[2] for arg in argv if arg.startswith("--out_dir=")] or [config["out_dir"]]
+    visualize(config, out_dirs)
     return 0
 
 
