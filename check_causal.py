@@ -97,17 +97,18 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     given, n_embd the multiple of the head counts nearest CHECK_WIDTH, CHECK_LAYERS layers,
     no dropout. future_dim scales with the context (block_size - 1 stays so), and future
     attention keeps one baseline layer before and after its layers where the config has
-    some. `original` is the config file's config, `config` the same with the user's flags;
-    keys in `fixed` (the flags') keep the user's value, except future_dim and the layer range,
-    which scale like the config's unless block_size and n_layer are fixed too: a
-    --future_dim=100 or --end_layer=20 says where in the config's 200 positions or 28
-    layers, so it shrinks with them.
+    some; unequal encoder and decoder stacks stay unequal (the deeper one gets the layers,
+    the other fewer, at least 1). `original` is the config file's config, `config` the same
+    with the user's flags; keys in `fixed` (the flags') keep the user's value, except
+    future_dim and the layer counts and range, which scale like the config's unless
+    block_size and n_layer are fixed too: a --future_dim=100 or --end_layer=20 says where in
+    the config's 200 positions or 28 layers, so it shrinks with them.
     """
     sizes = {}
     if "block_size" not in fixed:
         fixed = fixed - {"future_dim"}
     if "n_layer" not in fixed:
-        fixed = fixed - {"start_layer", "end_layer"}
+        fixed = fixed - {"start_layer", "end_layer", "n_layer_encoder", "n_layer_decoder"}
 
     def pick(key, value):
         sizes[key] = config[key] if key in fixed else value
@@ -134,7 +135,15 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
         pick("start_layer", 1 + before)
         pick("end_layer", L - after)
     else:
-        pick("n_layer", min(L0, CHECK_LAYERS))
+        L = pick("n_layer", min(L0, CHECK_LAYERS))
+        if model_type == "encdec":
+            depths = {key: config[key] or config["n_layer"] for key in ("n_layer_encoder", "n_layer_decoder")}
+            deepest = max(depths.values())
+            for key, depth in depths.items():
+                if config[key] is None and (depth == deepest or "n_layer" in fixed):
+                    continue  # None is n_layer: the shrunk one (or the user's)
+                # the deeper stack (both, when equal) gets L layers, a shallower one fewer, at least 1
+                pick(key, L if depth == deepest else max(1, min(L - 1, round(depth * L / deepest))))
     return sizes
 
 
@@ -284,11 +293,14 @@ def gradient_check(model, idx, targets, setting, positions=0):
     return None, worst
 
 
-def settings_of(model_type, block_size):
+def settings_of(model_type, block_size, future_kv="learned"):
     """(mode, T, future-attention implementation) for every check: both modes, T = C and T < C,
-    and for future attention both CPU implementations (the readable one and the blocked one)."""
+    and for future attention both CPU implementations (the readable one and the blocked one;
+    computed future keys, future_kv='computed', have the readable one only)."""
     lengths = [block_size] + ([max(2, 2 * block_size // 3)] if block_size > 2 else [])
-    impls = ["readable", "fast"] if model_type == "future_attn" else [None]
+    impls = [None]
+    if model_type == "future_attn":
+        impls = ["readable", "fast"] if future_kv == "learned" else ["readable"]
     return [(mode, T, impl) for impl in impls for mode in ("eval", "train") for T in lengths]
 
 
@@ -299,7 +311,7 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     vocab_size, C = model_args["vocab_size"], model_args["block_size"]
     saved_impl = model_future_attn.FUTURE_ATTN_IMPL
     try:
-        for mode, T, impl in settings_of(model_type, C):
+        for mode, T, impl in settings_of(model_type, C, model_args.get("future_kv", "learned")):
             if impl:
                 model_future_attn.FUTURE_ATTN_IMPL = impl
             setting = f"{mode} mode, T={T}" + (f", impl={impl}" if impl else "")

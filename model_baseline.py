@@ -11,6 +11,9 @@ repeat its blocks so each reads on its own.
     x_0 = dropout(wte[idx] + wpe[0..T-1])
     x_l = x_{l-1} + attn(ln_1(x_{l-1}));  x_l = x_l + mlp(ln_2(x_l))
     logits = ln_f(x_L) @ wte^T
+One option comes from the Encoder-Decoder write-up, which found that subtracting the next
+token's position before the tied head helps its model and expected the same of a
+decoder-only one: sub_pos='yes' gives logits = (ln_f(x_L) - wpe[1..T]) @ wte^T (off by default).
 """
 
 import inspect
@@ -104,6 +107,7 @@ class GPTConfig:
     n_embd: int = 160  # d, the residual width; head size hs = d / H
     dropout: float = 0.0  # the write-ups use 0.0 (0.2 in the dropout baseline)
     bias: bool = False  # biases in Linear and LayerNorm; the write-ups use none
+    sub_pos: str = "no"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; no (the encdec's best: yes)
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -118,6 +122,8 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not isinstance(self.bias, bool):
             raise ValueError(f"bias must be True or False, got {self.bias!r}")
+        if self.sub_pos not in ("no", "yes", "yes_ln"):
+            raise ValueError(f"sub_pos must be one of 'no', 'yes', 'yes_ln', got {self.sub_pos!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -129,13 +135,17 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        # with sub_pos, position C is the "next position" of the last token
+        n_pos = config.block_size + 1 if config.sub_pos != "no" else config.block_size
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            wpe=nn.Embedding(n_pos, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
+        if config.sub_pos == "yes_ln":
+            self.transformer["ln_sub"] = LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
@@ -166,6 +176,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)  # (B, T, d)
+        if self.config.sub_pos != "no":
+            # the head is tied to wte: take out the next position, leave the next token
+            x = x - self.transformer.wpe(pos + 1)
+            if self.config.sub_pos == "yes_ln":
+                x = self.transformer.ln_sub(x)
 
         if targets is None:
             # inference: only the last position's logits are needed

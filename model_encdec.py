@@ -19,6 +19,8 @@ input embeddings E, giving the embedding tables more and richer updates.
     E_avg_i      = (1/(i+1)) sum_{k<=i} LN_a(E)_k      cumulative mean along T
     embedding_loss = MSE(E_avg, LN_b(encoder_out.detach()))   or a cosine form
 Here n_layer is the number of layers PER STACK: 13 means 13 encoder + 13 decoder blocks.
+n_layer_encoder and n_layer_decoder, one of the write-up's next steps ("experiment with
+unequal encoder and decoder layers"), give each stack its own depth instead.
 """
 
 import inspect
@@ -181,7 +183,9 @@ EMBEDDING_LN = ("init", "avg", "none")
 class GPTConfig:
     vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
     block_size: int = 200  # C, the context length (the write-ups' context_size)
-    n_layer: int = 13  # L, blocks PER STACK: the model has L encoder + L decoder blocks
+    n_layer: int = 13  # L, blocks PER STACK: L encoder + L decoder blocks, unless set apart below; 13
+    n_layer_encoder: int = None  # encoder blocks; None -> n_layer (the write-up: equal stacks)
+    n_layer_decoder: int = None  # decoder blocks; None -> n_layer (the write-up: equal stacks)
     n_head: int = 5  # H, self-attention heads, encoder and decoder
     n_embd: int = 150  # d, the residual width
     dropout: float = 0.0  # the write-ups use 0.0
@@ -208,6 +212,12 @@ class GPTConfig:
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
+        for name in ("n_layer_encoder", "n_layer_decoder"):
+            if getattr(self, name) is None:
+                setattr(self, name, self.n_layer)
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer or None (n_layer), got {value!r}")
         if self.cross_n_head is None:
             self.cross_n_head = 2 * self.n_head
         if (not isinstance(self.cross_n_head, int) or isinstance(self.cross_n_head, bool)
@@ -252,9 +262,9 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, d),
             wpe=nn.Embedding(n_pos, d),
             drop=nn.Dropout(config.dropout),
-            encoder=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            encoder=nn.ModuleList([Block(config) for _ in range(config.n_layer_encoder)]),
             bridge=nn.Linear(d, d, bias=config.bias),
-            decoder=nn.ModuleList([DecoderBlock(config) for _ in range(config.n_layer)]),
+            decoder=nn.ModuleList([DecoderBlock(config) for _ in range(config.n_layer_decoder)]),
             ln_f=LayerNorm(d, bias=config.bias),
         ))
         if config.ln_before_bridge:
@@ -269,10 +279,13 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
         self.apply(self._init_weights)
-        # every out-projection (self, cross, MLP) gets the smaller residual init
+        # every out-projection (self, cross, MLP) gets the smaller residual init, scaled by
+        # the depth of its own stack (the same for both when they are equal, as in the write-up)
+        depth = {"encoder": config.n_layer_encoder, "decoder": config.n_layer_decoder}
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                stack = name.split(".")[1]  # transformer.<encoder|decoder>.<i>...
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth[stack]))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -363,9 +376,10 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at T = block_size."""
         cfg = self.config
         # 6 per weight per token (both stacks, the bridge and the cross-attention
-        # projections are all weights), plus q k^T and p v of the three attentions per
-        # layer pair: encoder self, decoder self and cross
-        return 6 * self.get_num_params() + 3 * cfg.n_layer * 12 * cfg.n_embd * cfg.block_size
+        # projections are all weights), plus q k^T and p v of each attention: one per
+        # encoder block, two per decoder block (self and cross)
+        n_attentions = cfg.n_layer_encoder + 2 * cfg.n_layer_decoder
+        return 6 * self.get_num_params() + n_attentions * 12 * cfg.n_embd * cfg.block_size
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
         """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""

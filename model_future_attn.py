@@ -21,11 +21,14 @@ The target, from the real scores over j <= min(i + future_dim, T-1):
 The future set of query i depends on i and C only, never on T, so the layer is causal:
 a prefix of length T gives the same outputs as the full sequence at its positions. The
 last position C-1 has no future entries: it is plain causal attention there.
+The write-up's first next step, future_kv='computed', builds the future key and value of
+query i at offset o = m+1-i from its own token instead: k_i + K_offset[o-1], v_i + V_offset[o-1].
 
-Read top to bottom: future_attention computes exactly these lines, FutureAttention is the
-layer, then the blocks, the config and the GPT. At the end of the file, two faster
-versions of future_attention (blocked, and FlexAttention on a GPU) compute the same
-function; test_future_attn_fast.py checks them against it.
+Read top to bottom: future_attention computes exactly these lines (computed_future_attention
+the computed variant), FutureAttention is the layer, then the blocks, the config and the
+GPT. At the end of the file, two faster versions of future_attention (blocked, and
+FlexAttention on a GPU) compute the same function; test_future_attn_fast.py checks them
+against it.
 """
 
 import inspect
@@ -49,8 +52,22 @@ def future_attention_weights(q, k, K_future, K_future_bias=None, *, future_dim, 
     position m+1; P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim,
     the target's weights (None unless with_target). visualize.py draws both.
     """
-    B, H, T, hs = q.shape
+    T = q.size(2)
     C = K_future.size(-1) + 1
+    # A_future: scores against the learned future keys; column m stands for key m+1.
+    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
+    n_future = min(T - 1 + future_dim, C - 1)
+    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
+    if K_future_bias is not None:
+        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
+    return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
+
+
+def joint_softmax(q, k, A_future, *, future_dim, with_target):
+    """(P_omni, P_star) from q, k (B, H, T, hs) and the unscaled future scores A_future
+    (B, H, T, F), column m standing for key position m+1, whichever way they were made."""
+    B, H, T, hs = q.shape
+    n_future = A_future.size(-1)
     s = 1.0 / math.sqrt(hs)
     i = torch.arange(T, device=q.device).view(T, 1)  # query positions
 
@@ -59,19 +76,13 @@ def future_attention_weights(q, k, K_future, K_future_bias=None, *, future_dim, 
     j = torch.arange(T, device=q.device).view(1, T)  # key positions
     causal = j <= i  # (T, T)
 
-    # A_future: scores against the learned future keys; column m stands for key m+1.
-    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
-    n_future = min(T - 1 + future_dim, C - 1)
-    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
-    if K_future_bias is not None:
-        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
-    A_future = A_future * s
+    # the future band: query i scores the keys i < m+1 <= i+fd (F columns stop at C-1)
     key = torch.arange(1, n_future + 1, device=q.device).view(1, n_future)  # m + 1
-    future = (key > i) & (key <= i + future_dim)  # (T, F), the band i < m+1 <= i+fd
+    future = (key > i) & (key <= i + future_dim)  # (T, F)
 
     # A_omni: both sets side by side under ONE softmax
     A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
-                        A_future.masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
+                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
     P_omni = F.softmax(A_omni, dim=-1)
 
     P_star = None
@@ -109,6 +120,72 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
     return out, out_future, out_future_star
 
 
+# The write-up's first next step: "let K_future and V_future be computed values (just like Q,
+# K, and V) ... ideally reusing or closely deriving from K and V". With future_kv='computed',
+# query i's future key and value at offset o = 1..future_dim (key position i+o) are
+#     k_i + K_offset[o-1]    and    v_i + V_offset[o-1]
+# from its own token's k_i, v_i: in context, causal, and 2 * d * future_dim parameters per layer
+# instead of 2 * d * (C-1). P_omni keeps the layout above: column m is key position m+1 = i+o.
+
+
+def future_offsets(T, n_future, future_dim, device):
+    """(T, F) offset row o-1 = m-i of future column m for query i, clamped into 0..future_dim-1
+    (outside the band the value is unused: joint_softmax masks those columns)."""
+    i = torch.arange(T, device=device).view(T, 1)
+    m = torch.arange(n_future, device=device).view(1, n_future)
+    return (m - i).clamp(0, future_dim - 1)
+
+
+def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, block_size, with_target=False):
+    """(P_omni, P_star) as future_attention_weights gives them, same layout, for the computed
+    future keys k_i + K_offset[o-1]: K_offset (H, future_dim, hs), K_offset_bias (H, 1, future_dim)."""
+    B, H, T, hs = q.shape
+    future_dim = K_offset.size(1)
+    n_future = min(T - 1 + future_dim, block_size - 1)
+    # A_band[i, o-1] = q_i . (k_i + K_offset[o-1]) = q_i . k_i + q_i . K_offset[o-1]
+    # (B, H, T, 1) + (B, H, T, hs) @ (H, hs, fd) -> (B, H, T, fd)
+    A_band = (q * k).sum(-1, keepdim=True) + q @ K_offset.transpose(-2, -1)
+    if K_offset_bias is not None:
+        A_band = A_band + K_offset_bias  # (H, 1, fd) broadcasts
+    # into P_omni's columns: column m of query i is key m+1 = i+o, offset row m-i
+    offsets = future_offsets(T, n_future, future_dim, q.device).expand(B, H, T, n_future)
+    A_future = A_band.gather(-1, offsets)  # (B, H, T, fd) -> (B, H, T, F)
+    return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
+
+
+def computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias=None, V_offset_bias=None,
+                              *, block_size, dropout_p=0.0, with_target=False):
+    """future_attention with computed future keys and values, for per-head q, k, v (B, H, T, hs).
+
+    K_offset and V_offset are (H, future_dim, hs); the optional biases (H, 1, future_dim) on the
+    future scores and (H, 1, hs) on out_future. Returns (out, out_future, out_future_star).
+    """
+    B, H, T, hs = q.shape
+    future_dim = K_offset.size(1)
+    P_omni, P_star = computed_future_attention_weights(q, k, K_offset, K_offset_bias, block_size=block_size,
+                                                       with_target=with_target)
+    P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
+    n_future = P_omni.size(-1) - T
+    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+
+    # back from columns to offsets: P_band[i, o-1] = P_future[i, i+o-1], 0 where key i+o > C-1
+    i = torch.arange(T, device=q.device).view(T, 1)
+    column = i + torch.arange(future_dim, device=q.device).view(1, future_dim)  # (T, fd): i + o - 1
+    P_band = P_future.gather(-1, column.clamp(max=n_future - 1).expand(B, H, T, future_dim))  # (B, H, T, fd)
+    P_band = P_band.masked_fill(column >= block_size - 1, 0.0)
+    # out_future_i = sum_o P_band[i, o-1] (v_i + V_offset[o-1])
+    out_future = P_band @ V_offset + P_band.sum(-1, keepdim=True) * v  # (B, H, T, fd) @ (H, fd, hs) -> (B, H, T, hs)
+    if V_offset_bias is not None:
+        out_future = out_future + V_offset_bias  # (H, 1, hs) broadcasts
+    out = out_unmasked + out_future
+
+    out_future_star = None
+    if with_target:  # the same target as future_attention's: the real keys do not change
+        out_future_star = P_star.triu(diagonal=1) @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+    return out, out_future, out_future_star
+
+
 def future_attn_loss(out_future, out_future_star, loss_type):
     """Distance between the predicted and the true future output, (B, H, T, hs) each."""
     if loss_type == "mse":
@@ -132,14 +209,28 @@ class FutureAttention(nn.Module):
         hs = config.n_embd // config.n_head
         C = config.block_size
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        # one future key and value per key position 1..C-1, per head (init in GPT)
-        self.K_future = nn.Parameter(torch.empty(config.n_head, hs, C - 1))
-        self.V_future = nn.Parameter(torch.empty(config.n_head, C - 1, hs))
-        if config.bias:
-            self.K_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, C - 1))
-            self.V_future_bias = nn.Parameter(torch.zeros(config.n_head, 1, hs))
+        self.future_kv = config.future_kv
+        self.block_size = C
+        H, fd = config.n_head, config.future_dim
+        if config.future_kv == "learned":
+            # one future key and value per key position 1..C-1, per head (init in GPT)
+            self.K_future = nn.Parameter(torch.empty(H, hs, C - 1))
+            self.V_future = nn.Parameter(torch.empty(H, C - 1, hs))
+            if config.bias:
+                self.K_future_bias = nn.Parameter(torch.zeros(H, 1, C - 1))
+                self.V_future_bias = nn.Parameter(torch.zeros(H, 1, hs))
+            else:
+                self.K_future_bias = self.V_future_bias = None
         else:
-            self.K_future_bias = self.V_future_bias = None
+            # 'computed': one offset per future step o = 1..fd, per head, added to the query's
+            # own k_i and v_i (init in GPT); the biases are per offset
+            self.K_offset = nn.Parameter(torch.empty(H, fd, hs))
+            self.V_offset = nn.Parameter(torch.empty(H, fd, hs))
+            if config.bias:
+                self.K_offset_bias = nn.Parameter(torch.zeros(H, 1, fd))
+                self.V_offset_bias = nn.Parameter(torch.zeros(H, 1, hs))
+            else:
+                self.K_offset_bias = self.V_offset_bias = None
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -154,8 +245,12 @@ class FutureAttention(nn.Module):
 
     def attention_weights(self, x):
         """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d):
-        the joint softmax this layer computes and its target's (for visualize.py)."""
+        the joint softmax this layer computes and its target's (for visualize.py), in the
+        same layout whether the future keys are learned or computed."""
         q, k, _ = self.heads(x)
+        if self.future_kv == "computed":
+            return computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
+                                                     block_size=self.block_size, with_target=True)
         return future_attention_weights(q, k, self.K_future, self.K_future_bias,
                                         future_dim=self.future_dim, with_target=True)
 
@@ -163,11 +258,16 @@ class FutureAttention(nn.Module):
         """Returns (y, future_attn_loss); the loss is None unless with_target."""
         B, T, C = x.size()
         q, k, v = self.heads(x)
-        # future_attention_auto (end of file) runs future_attention above or a faster
-        # version of the same function
+        if self.future_kv == "computed":
+            future = dict(K_offset=self.K_offset, V_offset=self.V_offset, K_offset_bias=self.K_offset_bias,
+                          V_offset_bias=self.V_offset_bias, block_size=self.block_size)
+        else:
+            future = dict(K_future=self.K_future, V_future=self.V_future, K_future_bias=self.K_future_bias,
+                          V_future_bias=self.V_future_bias)
+        # future_attention_auto (end of file) runs future_attention (or computed_future_attention)
+        # above, or a faster version of the same function
         y, out_future, out_future_star = future_attention_auto(
-            q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
-            future_dim=self.future_dim, dropout_p=self.dropout if self.training else 0.0,
+            q, k, v, **future, future_dim=self.future_dim, dropout_p=self.dropout if self.training else 0.0,
             with_target=with_target, detach_target=self.detach_target,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
@@ -270,6 +370,7 @@ class GPTConfig:
     dropout: float = 0.0  # the write-ups use 0.0
     bias: bool = False  # biases in Linear, LayerNorm and on the future scores/outputs
     future_dim: int = None  # fd, future keys per query, 1..C-1; None -> C-1; 50 was best
+    future_kv: str = "learned"  # 'learned' K_future, V_future (the write-up's) or 'computed' from k_i, v_i
     start_layer: int = 1  # first future-attention layer, 1-indexed
     end_layer: int = None  # last future-attention layer, inclusive; None -> n_layer
     future_attn_loss_type: str = "mse"  # 'mse' or 'cosine'; mse was best
@@ -310,6 +411,8 @@ class GPTConfig:
                 f"end_layer must be in start_layer..n_layer ({self.start_layer}..{self.n_layer}), "
                 f"got {self.end_layer!r}"
             )
+        if self.future_kv not in ("learned", "computed"):
+            raise ValueError(f"future_kv must be 'learned' or 'computed', got {self.future_kv!r}")
         if self.future_attn_loss_type not in ("mse", "cosine"):
             raise ValueError(
                 f"future_attn_loss_type must be 'mse' or 'cosine', got {self.future_attn_loss_type!r}"
@@ -346,7 +449,7 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # residual out-projections (GPT-2)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-            elif name.endswith(("K_future", "V_future")):
+            elif name.endswith(("K_future", "V_future", "K_offset", "V_offset")):
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
     def _init_weights(self, module):
@@ -393,7 +496,7 @@ class GPT(nn.Module):
         return logits, loss, aux
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # matrices decay, K_future and V_future included; biases and gains do not
+        # matrices decay, K_future and V_future (or K_offset and V_offset) included; biases and gains do not
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             if p.requires_grad:
@@ -412,7 +515,9 @@ class GPT(nn.Module):
         cfg = self.config
         T, d = cfg.block_size, cfg.n_embd
         # 6 per weight per token; K_future and V_future are weights of the q . K_future
-        # and P_future V_future matmuls, so they count there too
+        # and P_future V_future matmuls (C-1 columns), so they count there too, and so do
+        # K_offset and V_offset with 'computed' (q . K_offset and P_band V_offset, fd columns;
+        # its q_i . k_i, gathers and sum_o p * v_i are O(d) elementwise work, uncounted like the softmax)
         flops = 6 * self.get_num_params() + cfg.n_layer * 12 * d * T
         # the target's extra P* v matmul, forward only when detached
         n_future_layers = cfg.end_layer - cfg.start_layer + 1
@@ -447,9 +552,10 @@ class GPT(nn.Module):
 FUTURE_ATTN_IMPL = "auto"  # 'auto', 'readable', 'fast' or 'flex'; bench.py and tests set it
 
 
-def future_attention_auto(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
+def future_attention_auto(q, k, v, K_future=None, V_future=None, K_future_bias=None, V_future_bias=None,
                           *, future_dim, dropout_p=0.0, with_target=False, detach_target=True,
-                          impl=None):
+                          impl=None, K_offset=None, V_offset=None, K_offset_bias=None, V_offset_bias=None,
+                          block_size=None):
     """future_attention by the implementation `impl` (None: FUTURE_ATTN_IMPL).
 
     'auto' takes flex_attention on a GPU at the full context T = C (training, evaluation,
@@ -458,8 +564,19 @@ def future_attention_auto(q, k, v, K_future, V_future, K_future_bias=None, V_fut
     a power of 2 >= 16 (what its Triton kernels handle); the blocked 'fast' path everywhere
     else; and the readable version while dropout is on, the only one that applies dropout
     to P_omni itself. With detach_target, the fast paths compute out_future_star without a graph.
+    Given K_offset, V_offset (future_kv='computed') instead of K_future, V_future, it runs
+    computed_future_attention: only the readable version exists for computed future keys.
     """
     impl = impl or FUTURE_ATTN_IMPL
+    if impl not in ("auto", "readable", "fast", "flex"):
+        raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
+    if K_offset is not None:
+        if impl not in ("auto", "readable"):
+            raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
+                             f"use impl='readable' or 'auto'")
+        assert K_offset.size(1) == future_dim
+        return computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias, V_offset_bias,
+                                         block_size=block_size, dropout_p=dropout_p, with_target=with_target)
     T, hs = q.size(2), q.size(-1)
     if impl == "auto" and dropout_p > 0.0:
         impl = "readable"
@@ -470,8 +587,6 @@ def future_attention_auto(q, k, v, K_future, V_future, K_future_bias=None, V_fut
     if impl == "readable":
         return future_attention(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
                                 future_dim=future_dim, dropout_p=dropout_p, with_target=with_target)
-    if impl not in ("fast", "flex"):
-        raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
     if dropout_p > 0.0:
         raise ValueError(f"impl={impl!r} has no attention dropout; use impl='readable' or 'auto'")
     if impl == "flex":

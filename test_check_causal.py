@@ -3,8 +3,9 @@ Tests of check_causal.py: it passes every shipped config and every option that c
 forward pass, and it catches leaks planted here, in copies of the models' attention that
 only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over the queries, a causal mask
 one key too wide, a cross-attention without its mask, a future-attention band that reads
-the real keys, a training path that peeks at the targets, a path behind a zero-initialized
-bias. Run: python -m pytest -q test_check_causal.py
+the real keys, computed future keys built from the next token instead of the query's own,
+a training path that peeks at the targets, a path behind a zero-initialized bias.
+Run: python -m pytest -q test_check_causal.py
 
     python test_check_causal.py     # the checker and the probe on the blog post's bug
 """
@@ -109,6 +110,33 @@ def test_shrink_keeps_encdec_head_counts_dividing_the_width():
     assert (args["sub_pos"], args["embedding_loss_coeff"]) == ("yes", 8.0)
 
 
+def test_shrink_scales_computed_future_keys():
+    # K_offset has one row per future step: future_dim scales, and its shape with it
+    model_type, args = checked_args("config/future50_mse_computed.py")
+    assert (args["future_kv"], args["future_dim"], args["block_size"]) == ("computed", 6, 24)
+    model = check_causal.build(model_type, args, seed=0)
+    assert model.transformer.h[0].attn.K_offset.shape == (9, 6, 5)
+    lines = []
+    assert check_causal.check(model_type, args, log=lines.append) is None
+    assert all("impl=readable" in line for line in lines)  # no fast path for computed keys
+    assert [line.split()[:3] for line in lines][:3] == [["eval", "mode,", "T=24,"], ["eval", "mode,", "T=16,"],
+                                                        ["train", "mode,", "T=24,"]]
+
+
+def test_shrink_keeps_unequal_stacks_unequal():
+    _, args = checked_args("config/encdec_mse_possub_enc17_dec10.py")
+    assert (args["n_layer_encoder"], args["n_layer_decoder"]) == (2, 1)
+    _, args = checked_args("config/encdec_mse_possub_enc9_dec16.py")
+    assert (args["n_layer_encoder"], args["n_layer_decoder"]) == (1, 2)
+    _, args = checked_args("config/encdec_mse_possub.py")  # equal stacks: n_layer for both
+    assert (args["n_layer"], args["n_layer_encoder"], args["n_layer_decoder"]) == (2, 2, 2)
+    # a flag says the depth in the config's scale, so it shrinks too, unless n_layer is the user's
+    _, args = checked_args("config/encdec_mse_possub.py", "--n_layer_decoder=4")
+    assert (args["n_layer_encoder"], args["n_layer_decoder"]) == (2, 1)
+    _, args = checked_args("config/encdec_mse_possub.py", "--n_layer=3", "--n_layer_decoder=4")
+    assert (args["n_layer_encoder"], args["n_layer_decoder"]) == (3, 4)
+
+
 def test_user_flags_win_over_the_shrink():
     _, args = checked_args("config/future50_mse.py", "--block_size=40", "--n_layer=3", "--dropout=0.1")
     assert (args["block_size"], args["n_layer"], args["end_layer"], args["dropout"]) == (40, 3, 3, 0.1)
@@ -187,6 +215,18 @@ def future_band_reads_real_keys(q, k, v, K_future, V_future, K_future_bias=None,
     return out, out_future, target
 
 
+def computed_keys_of_the_next_token(q, k, K_offset, K_offset_bias=None, *, block_size, with_target=False):
+    """computed_future_attention_weights whose future keys start from the next token's k_{i+1}, not k_i."""
+    B, H, T, hs = q.shape
+    future_dim = K_offset.size(1)
+    n_future = min(T - 1 + future_dim, block_size - 1)
+    k_next = torch.cat([k[:, :, 1:], k[:, :, -1:]], dim=2)  # (B, H, T, hs): row i holds k_{i+1}
+    A_band = (q * k_next).sum(-1, keepdim=True) + q @ K_offset.transpose(-2, -1)  # (B, H, T, fd)
+    offsets = model_future_attn.future_offsets(T, n_future, future_dim, q.device).expand(B, H, T, n_future)
+    return model_future_attn.joint_softmax(q, k, A_band.gather(-1, offsets), future_dim=future_dim,
+                                           with_target=with_target)
+
+
 PLANTED = {  # name: (module, attribute, replacement, config)
     "softmax_over_queries": (model_baseline.CausalSelfAttention, "forward", softmax_over_queries, "config/baseline.py"),
     "mask_one_key_too_wide": (model_baseline.CausalSelfAttention, "forward", mask_one_key_too_wide, "config/baseline.py"),
@@ -194,6 +234,8 @@ PLANTED = {  # name: (module, attribute, replacement, config)
                                  "config/encdec_mse_possub.py"),
     "future_band_reads_real_keys": (model_future_attn, "future_attention_auto", future_band_reads_real_keys,
                                     "config/future50_mse.py"),
+    "computed_keys_of_the_next_token": (model_future_attn, "computed_future_attention_weights",
+                                        computed_keys_of_the_next_token, "config/future50_mse_computed.py"),
 }
 
 

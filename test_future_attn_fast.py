@@ -159,6 +159,42 @@ def test_dispatch_errors():
         mf.future_attention_auto(q, k, v, K_future, V_future, K_future_bias, future_dim=3, impl="flex")
 
 
+def computed_inputs(T, C, future_dim, hs, seed, B=2, H=3):
+    """q, k, v and the computed mode's K_offset, V_offset (H, future_dim, hs)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, hs, generator=g) for _ in range(3))
+    return q, k, v, torch.randn(H, future_dim, hs, generator=g), torch.randn(H, future_dim, hs, generator=g)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_auto_runs_the_readable_computed_attention(dropout_p, monkeypatch):
+    # future_kv='computed' has the readable version only: 'auto' and 'readable' take it
+    readable, fast = spy(monkeypatch, "computed_future_attention"), spy(monkeypatch, "future_attention_fast")
+    q, k, v, K_offset, V_offset = computed_inputs(8, 8, 3, 4, seed=0)
+    for impl in ("auto", "readable"):
+        torch.manual_seed(0)
+        got = mf.future_attention_auto(q, k, v, K_offset=K_offset, V_offset=V_offset, block_size=8, future_dim=3,
+                                       dropout_p=dropout_p, with_target=True, impl=impl)
+        torch.manual_seed(0)
+        expected = mf.computed_future_attention(q, k, v, K_offset, V_offset, block_size=8, dropout_p=dropout_p,
+                                                with_target=True)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert (len(readable), len(fast)) == (4, 0)  # two through auto, two direct
+
+
+@pytest.mark.parametrize("impl", ["fast", "flex"])
+def test_computed_future_keys_refuse_the_fast_paths(impl, monkeypatch):
+    q, k, v, K_offset, V_offset = computed_inputs(8, 8, 3, 4, seed=0)
+    with pytest.raises(ValueError, match=f"impl='{impl}' has no computed future keys"):
+        mf.future_attention_auto(q, k, v, K_offset=K_offset, V_offset=V_offset, block_size=8, future_dim=3, impl=impl)
+    # and so does a model forced onto them (bench.py --impl=fast), with a message that says what to use
+    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", impl)
+    model = tiny_gpt(future_kv="computed")
+    with pytest.raises(ValueError, match="future_kv='computed'.*use impl='readable' or 'auto'"):
+        model(torch.randint(50, (1, 16)))
+
+
 # --------------------------------------------------------------------------------------
 # the whole model
 

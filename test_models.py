@@ -31,12 +31,15 @@ def tiny(module, **overrides):
 MODELS = {
     "baseline": (base, {}),
     "baseline_bias": (base, dict(bias=True)),
+    "baseline_sub_yes_ln_bias": (base, dict(sub_pos="yes_ln", bias=True)),  # 'yes', then a LayerNorm
     "fa_full": (fa, {}),
     "fa_fd1": (fa, dict(future_dim=1)),
     "fa_fd3_cosine": (fa, dict(future_dim=3, future_attn_loss_type="cosine")),
     "fa_layer2_only": (fa, dict(n_layer=3, start_layer=2, end_layer=2, future_dim=4)),
     "fa_bias": (fa, dict(bias=True, future_dim=5)),
     "fa_not_detached": (fa, dict(future_dim=3, detach_future_ground_truth=False)),
+    "fa_computed": (fa, dict(future_kv="computed")),
+    "fa_computed_fd3_bias": (fa, dict(future_kv="computed", future_dim=3, bias=True)),
     "ed_default": (ed, {}),
     "ed_sub_no": (ed, dict(sub_pos="no")),
     "ed_sub_yes_ln": (ed, dict(sub_pos="yes_ln")),
@@ -47,6 +50,7 @@ MODELS = {
     "ed_cosine_detach_emb": (ed, dict(embedding_loss_type="cosine", detach="embedding")),
     "ed_logcos_avg": (ed, dict(embedding_loss_type="log_cosine", embedding_ln="avg", detach="none")),
     "ed_mse_no_ln": (ed, dict(embedding_ln="none", ln_encoder_out=False)),
+    "ed_enc3_dec1": (ed, dict(n_layer_encoder=3, n_layer_decoder=1)),
 }
 
 
@@ -92,6 +96,56 @@ SEED_COUNTS = [
 def test_seed_parameter_counts(name, module, kwargs, expected):
     model = module.GPT(module.GPTConfig(**kwargs))
     assert model.get_num_params() == expected
+
+
+# the configurations of the write-ups' next steps (config/*.py), counted by hand from the
+# seed counts above: K_offset and V_offset replace K_future and V_future (2·H·fd·hs = 2·d·fd
+# per layer instead of 2·d·(C-1)); an encoder block is 12d² + 2d, a decoder block 16d² + 4d
+GPT2_SHAPE = dict(vocab_size=50257, block_size=1024, bias=False, dropout=0.0)
+
+
+def encoder_block(d):
+    return 12 * d * d + 2 * d  # qkv 3d², out d², MLP 8d², two LayerNorm gains
+
+
+def decoder_block(d):
+    return 16 * d * d + 4 * d  # and the cross-attention: q d², kv 2d², out d²; four LayerNorm gains
+
+
+NEXT_STEP_COUNTS = [
+    ("future50_mse_computed", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
+                                       future_kv="computed"), 15_817_248 - 28 * 2 * 144 * (199 - 50)),
+    ("baseline_possub", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes"), 16_036_800),
+    ("baseline_possub_ln", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes_ln"),
+     16_036_800 + 160),
+    ("encdec_mse_possub_enc17_dec10", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=17,
+                                               n_layer_decoder=10),
+     15_763_500 + 4 * encoder_block(150) - 3 * decoder_block(150)),
+    ("encdec_mse_possub_enc9_dec16", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=9,
+                                              n_layer_decoder=16),
+     15_763_500 - 4 * encoder_block(150) + 3 * decoder_block(150)),
+    ("dropout02_encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, dropout=0.2), 15_763_500),
+    ("gpt2_baseline", base, dict(GPT2_SHAPE, n_embd=768, n_head=12, n_layer=12),
+     50257 * 768 + 12 * encoder_block(768) + 768),
+    ("gpt2_future50_mse", fa, dict(GPT2_SHAPE, n_embd=704, n_head=11, n_layer=12, future_dim=50),
+     50257 * 704 + 12 * (encoder_block(704) + 2 * 704 * 1023) + 704),
+    ("gpt2_encdec_mse_possub", ed, dict(GPT2_SHAPE, n_embd=720, n_head=9, n_layer=6, cross_n_head=18,
+                                        embedding_loss_coeff=8.0),
+     50257 * 720 + 6 * encoder_block(720) + 6 * decoder_block(720) + 720 * 720 + 720 + 2 * 2 * 720),
+]
+
+
+@pytest.mark.parametrize("name,module,kwargs,expected", NEXT_STEP_COUNTS, ids=[s[0] for s in NEXT_STEP_COUNTS])
+def test_next_step_parameter_counts(name, module, kwargs, expected):
+    with torch.device("meta"):  # shapes only
+        model = module.GPT(module.GPTConfig(**kwargs))
+    assert model.get_num_params() == expected
+
+
+def test_gpt2_sized_models_are_within_two_percent():
+    counts = [expected for name, _, _, expected in NEXT_STEP_COUNTS if name.startswith("gpt2_")]
+    assert len(counts) == 3 and max(counts) / min(counts) < 1.02
+    assert 123e6 < min(counts)  # GPT-2 small: 124M with its position table and biases
 
 
 def test_parameter_count_convention():
@@ -295,6 +349,147 @@ def test_future_attn_training_with_targets_needs_full_length():
 
 
 # --------------------------------------------------------------------------------------
+# computed future keys and values (future_kv='computed') against loops over queries and offsets
+
+
+def computed_future_attention_loops(q, k, v, K_offset, V_offset, K_bias, V_bias, C_):
+    """The computed variant one query at a time: query i's future key at offset o is
+    k_i + K_offset[o-1], its value v_i + V_offset[o-1], for keys i+o <= C-1. Returns (out,
+    out_future, out_future_star, P_omni) with P_omni's rows laid out as the model's:
+    T real keys, then future column m for key position m+1."""
+    B, H, T, hs = q.shape
+    future_dim = K_offset.size(1)
+    n_future = min(T - 1 + future_dim, C_ - 1)
+    s = 1.0 / math.sqrt(hs)
+    out, out_future, star = torch.zeros_like(q), torch.zeros_like(q), torch.zeros_like(q)
+    P_omni = torch.zeros(B, H, T, T + n_future, dtype=q.dtype)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                offsets = [o for o in range(1, future_dim + 1) if i + o <= C_ - 1]
+                scores = [s * (q[b, h, i] @ k[b, h, j]) for j in range(i + 1)]
+                for o in offsets:
+                    future_key = k[b, h, i] + K_offset[h, o - 1]
+                    bias = K_bias[h, 0, o - 1] if K_bias is not None else 0.0
+                    scores.append(s * (q[b, h, i] @ future_key + bias))
+                p = torch.softmax(torch.stack(scores), dim=0)
+                fut = torch.zeros(hs, dtype=q.dtype)
+                for n, o in enumerate(offsets):
+                    future_value = v[b, h, i] + V_offset[h, o - 1]
+                    fut = fut + p[i + 1 + n] * future_value
+                    P_omni[b, h, i, T + (i + o - 1)] = p[i + 1 + n]  # key i+o is column i+o-1
+                if V_bias is not None:
+                    fut = fut + V_bias[h, 0]
+                P_omni[b, h, i, :i + 1] = p[:i + 1]
+                out_future[b, h, i] = fut
+                out[b, h, i] = sum(p[j] * v[b, h, j] for j in range(i + 1)) + fut
+                # the target is the learned variant's: real scores over j <= min(i + fd, T-1)
+                keys = list(range(0, min(i + future_dim, T - 1) + 1))
+                p_star = torch.softmax(torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys]), dim=0)
+                star[b, h, i] = sum((p_star[n] * v[b, h, j] for n, j in enumerate(keys) if j > i),
+                                    torch.zeros(hs, dtype=q.dtype))
+    return out, out_future, star, P_omni
+
+
+def computed_inputs(T, future_dim, hs, bias, H=2, B=2, seed=0):
+    """q, k, v, K_offset, V_offset and the two biases (or None), float64, requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, T, hs)] * 3 + [(H, future_dim, hs)] * 2 + ([(H, 1, future_dim), (H, 1, hs)] if bias else [])
+    tensors = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for shape in shapes]
+    return tensors + [None] * (7 - len(tensors))
+
+
+@pytest.mark.parametrize("T,C_,future_dim,hs,bias", [
+    (9, 9, 8, 4, False),  # T = C, future_dim = C-1
+    (9, 9, 3, 3, True),
+    (5, 9, 2, 4, False),  # T < C: queries near T-1 still get offsets up to key C-1
+    (5, 9, 6, 5, True),
+    (1, 6, 5, 4, True),
+    (7, 7, 1, 4, False),
+])
+def test_computed_future_attention_matches_loops(T, C_, future_dim, hs, bias):
+    inputs = computed_inputs(T, future_dim, hs, bias)
+    got = fa.computed_future_attention(*inputs, block_size=C_, with_target=True)
+    P_omni, _ = fa.computed_future_attention_weights(inputs[0], inputs[1], inputs[3], inputs[5], block_size=C_)
+    ref = computed_future_attention_loops(*inputs, C_)
+    for name, a, b in zip(("out", "out_future", "out_future_star", "P_omni"), (*got, P_omni), ref):
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
+    # the gradients of every input, through the outputs and the future attention loss
+    g = torch.Generator().manual_seed(1)
+    weights = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in ref[:2]]
+
+    def total(out, out_future, star):
+        return (out * weights[0]).sum() + (out_future * weights[1]).sum() + fa.future_attn_loss(out_future, star, "mse")
+
+    leaves = [t for t in inputs if t is not None]
+    got_grads = torch.autograd.grad(total(*got), leaves)
+    ref_grads = torch.autograd.grad(total(*ref[:3]), leaves)
+    names = ("q", "k", "v", "K_offset", "V_offset", "K_offset_bias", "V_offset_bias")
+    for name, a, b in zip(names, got_grads, ref_grads):
+        torch.testing.assert_close(a, b, msg=lambda m: f"grad {name}: {m}")
+    assert got_grads[3].abs().sum() > 0 and got_grads[4].abs().sum() > 0  # the offsets do learn
+
+
+def test_computed_future_keys_fill_the_learned_layout():
+    # P_omni's future columns are the same band for both ways of making the future keys
+    q, k, v, K_offset, V_offset, _, _ = computed_inputs(6, 3, 4, bias=False)
+    learned = future_inputs(6, 9, 4, bias=False)
+    P_learned, P_star_learned = fa.future_attention_weights(q, k, learned[3].double(), future_dim=3, with_target=True)
+    P_computed, P_star = fa.computed_future_attention_weights(q, k, K_offset, block_size=9, with_target=True)
+    assert P_computed.shape == P_learned.shape == (2, 2, 6, 6 + 8)
+    assert torch.equal(P_computed > 0, P_learned > 0)
+    torch.testing.assert_close(P_star, P_star_learned, atol=0, rtol=0)  # the same target
+    torch.testing.assert_close(P_computed.sum(-1), torch.ones(2, 2, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("T", [C, C - 5])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_computed_future_attention_layer_matches_loops(T, bias, training):
+    # the whole layer: projections, per-head split, loops, loss; train mode with the target
+    model = tiny(fa, future_kv="computed", future_dim=4, bias=bias).train(training)
+    layer = model.transformer.h[0].attn
+    assert not hasattr(layer, "K_future") and layer.K_offset.shape == layer.V_offset.shape == (4, 4, 8)
+    if bias:
+        with torch.no_grad():  # zero-initialized: make them matter
+            layer.K_offset_bias.normal_()
+            layer.V_offset_bias.normal_()
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(5))
+    y, loss = layer(x, with_target=training)
+    q, k, v = layer.c_attn(x).split(32, dim=2)
+    per_head = [t.view(2, T, 4, 8).transpose(1, 2) for t in (q, k, v)]
+    out, out_future, star, P_omni = computed_future_attention_loops(
+        *per_head, layer.K_offset, layer.V_offset, layer.K_offset_bias, layer.V_offset_bias, C)
+    torch.testing.assert_close(y, layer.c_proj(out.transpose(1, 2).reshape(2, T, 32)), atol=1e-5, rtol=1e-5)
+    if training:
+        torch.testing.assert_close(loss, mse_loops(out_future, star.detach()), atol=1e-5, rtol=1e-5)
+        params = [layer.K_offset, layer.V_offset, layer.c_attn.weight]
+        got = torch.autograd.grad(y.sum() + loss, params)
+        expected = torch.autograd.grad(
+            layer.c_proj(out.transpose(1, 2).reshape(2, T, 32)).sum() + mse_loops(out_future, star.detach()), params)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    else:
+        assert loss is None
+    # attention_weights gives the layer's P_omni in the learned layout (visualize.py draws it)
+    torch.testing.assert_close(layer.attention_weights(x)[0], P_omni, atol=1e-6, rtol=1e-5)
+
+
+def test_computed_future_parameters_replace_the_learned_ones():
+    C_, H, L, d, fd = C, 4, 2, 32, 5
+    for bias in (False, True):
+        learned, computed = tiny(fa, future_dim=fd, bias=bias), tiny(fa, future_dim=fd, bias=bias, future_kv="computed")
+        per_layer_learned = 2 * d * (C_ - 1) + (H * (C_ - 1) + d if bias else 0)  # K_future, V_future (+ biases)
+        per_layer_computed = 2 * d * fd + (H * fd + d if bias else 0)  # K_offset, V_offset (+ biases)
+        assert computed.get_num_params() == learned.get_num_params() - L * per_layer_learned + L * per_layer_computed
+    names = {n for n, _ in computed.named_parameters()}
+    assert not any("K_future" in n or "V_future" in n for n in names)
+    for name in ("K_offset", "V_offset"):  # initialized as K_future: N(0, 0.02)
+        p = torch.cat([dict(computed.named_parameters())[f"transformer.h.{i}.attn.{name}"].flatten() for i in range(L)])
+        assert abs(p.std().item() - 0.02) < 0.004
+
+
+# --------------------------------------------------------------------------------------
 # the encoder-decoder against loops
 
 
@@ -381,6 +576,67 @@ def test_decoder_output_subtracts_the_next_positions():
     hook.remove()
     expected = without.lm_head(captured["h"] - without.transformer.wpe.weight[1:8])
     torch.testing.assert_close(with_sub(idx, targets=idx)[0], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("sub_pos", ["yes", "yes_ln"])
+@pytest.mark.parametrize("T", [C, 7])
+def test_baseline_subtracts_the_next_positions(sub_pos, T):
+    # the decoder-only model with the encoder-decoder's position subtraction, computed directly
+    model = tiny(base, sub_pos=sub_pos, bias=True).eval()
+    tr = model.transformer
+    assert tr.wpe.weight.shape == (C + 1, 32)  # one more row: the next position of the last token
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # non-trivial LayerNorm gains and biases
+                p.add_(0.3 * torch.randn_like(p))
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(16))
+    x = tr.wte(idx) + tr.wpe.weight[:T]
+    for block in tr.h:
+        x = block(x)
+    h = tr.ln_f(x) - tr.wpe.weight[1:T + 1]  # the positions of the tokens to predict
+    if sub_pos == "yes_ln":
+        h = F.layer_norm(h, (32,), tr.ln_sub.weight, tr.ln_sub.bias, 1e-5)
+    expected = h @ tr.wte.weight.T
+    torch.testing.assert_close(model(idx, targets=idx)[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model(idx)[0][:, 0], expected[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_baseline_without_sub_pos_is_unchanged():
+    model = tiny(base)
+    assert model.config.sub_pos == "no" and model.transformer.wpe.weight.shape == (C, 32)
+    assert "ln_sub" not in model.transformer
+    # 'yes' adds only a position row, which the count leaves out; 'yes_ln' one LayerNorm gain
+    assert tiny(base, sub_pos="yes").get_num_params() == model.get_num_params()
+    assert tiny(base, sub_pos="yes_ln").get_num_params() == model.get_num_params() + 32
+
+
+def test_encdec_stacks_of_their_own_depth():
+    model = tiny(ed, n_layer_encoder=3, n_layer_decoder=1)
+    assert (len(model.transformer.encoder), len(model.transformer.decoder)) == (3, 1)
+    d, equal = 32, tiny(ed)  # 2 + 2 blocks
+    assert model.get_num_params() == equal.get_num_params() + (12 * d * d + 2 * d) - (16 * d * d + 4 * d)
+    # None is n_layer for each, so one name never means two things
+    config = ed.GPTConfig(**TINY)
+    assert (config.n_layer_encoder, config.n_layer_decoder) == (2, 2)
+    config = ed.GPTConfig(**{**TINY, "n_layer": 4, "n_layer_decoder": 1})
+    assert (config.n_layer_encoder, config.n_layer_decoder) == (4, 1)
+
+
+def test_encdec_equal_depths_given_apart_are_the_same_model():
+    # the same weights, draw for draw, as n_layer alone (the residual init reduces to today's)
+    equal = tiny(ed, n_layer=3)
+    given = tiny(ed, n_layer=5, n_layer_encoder=3, n_layer_decoder=3)
+    assert equal.state_dict().keys() == given.state_dict().keys()
+    for name, p in equal.state_dict().items():
+        assert torch.equal(p, given.state_dict()[name]), name
+
+
+def test_encdec_residual_init_follows_each_stack_depth():
+    model = tiny(ed, n_layer_encoder=1, n_layer_decoder=8, n_embd=64)
+    for stack, depth in (("encoder", 1), ("decoder", 8)):
+        weights = torch.cat([p.flatten() for n, p in model.named_parameters()
+                             if n.startswith(f"transformer.{stack}.") and n.endswith("c_proj.weight")])
+        assert weights.std().item() == pytest.approx(0.02 / math.sqrt(2 * depth), rel=0.03), stack
 
 
 # --------------------------------------------------------------------------------------
@@ -563,9 +819,20 @@ def test_embedding_detach_stops_the_average_side():
 # FLOP counts and the optimizer
 
 
-@pytest.mark.parametrize("module,kwargs", [(base, {}), (fa, dict(future_dim=5)),
-                                           (fa, dict(future_dim=5, detach_future_ground_truth=False)),
-                                           (ed, {})], ids=["baseline", "future_attn", "fa_not_detached", "encdec"])
+FLOP_CASES = {
+    "baseline": (base, {}),
+    "baseline_sub_pos": (base, dict(sub_pos="yes_ln")),
+    "future_attn": (fa, dict(future_dim=5)),
+    "fa_not_detached": (fa, dict(future_dim=5, detach_future_ground_truth=False)),
+    "fa_computed": (fa, dict(future_dim=5, future_kv="computed")),
+    "fa_computed_not_detached": (fa, dict(future_dim=11, future_kv="computed", detach_future_ground_truth=False)),
+    "encdec": (ed, {}),
+    "encdec_enc3_dec1": (ed, dict(n_layer_encoder=3, n_layer_decoder=1)),
+    "encdec_enc1_dec3": (ed, dict(n_layer_encoder=1, n_layer_decoder=3)),
+}
+
+
+@pytest.mark.parametrize("module,kwargs", FLOP_CASES.values(), ids=FLOP_CASES)
 def test_flops_per_token_match_torch_flop_counter(module, kwargs):
     # flops_per_token (used by estimate_mfu) counts this architecture's matmuls
     model = tiny(module, **kwargs).train()
@@ -579,9 +846,10 @@ def test_flops_per_token_match_torch_flop_counter(module, kwargs):
         model.flops_per_token() * C * 2)
 
 
-@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
-def test_optimizer_decays_matrices_only(module):
-    model = tiny(module, bias=True)
+@pytest.mark.parametrize("module,kwargs", [(base, {}), (fa, {}), (fa, dict(future_kv="computed")), (ed, {})],
+                         ids=["baseline", "future_attn", "fa_computed", "encdec"])
+def test_optimizer_decays_matrices_only(module, kwargs):
+    model = tiny(module, bias=True, **kwargs)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -589,6 +857,11 @@ def test_optimizer_decays_matrices_only(module):
     assert all(p.dim() >= 2 and not names[id(p)].endswith("bias") for p in decay["params"])
     assert all(p.dim() == 1 or names[id(p)].endswith("bias") for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    if module is fa:  # the future keys and values decay like K_future, their biases do not
+        kind = "offset" if kwargs else "future"
+        decayed = {names[id(p)].rsplit(".", 1)[-1] for p in decay["params"]}
+        kept = {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]}
+        assert {f"K_{kind}", f"V_{kind}"} <= decayed and {f"K_{kind}_bias", f"V_{kind}_bias"} <= kept
 
 
 # --------------------------------------------------------------------------------------
@@ -605,6 +878,8 @@ BAD_VALUES = [
     (ed, "detach", "decoder"), (ed, "embedding_ln", "both"), (ed, "cross_n_head", 5),
     (ed, "embedding_loss_coeff", -2.0), (ed, "ln_encoder_out", 1), (ed, "add_pos_to_decoder", "no"),
     (ed, "ln_before_bridge", None),
+    (fa, "future_kv", "offsets"), (base, "sub_pos", "YES_NO_LN"), (base, "sub_pos", True),
+    (ed, "n_layer_encoder", 0), (ed, "n_layer_decoder", 2.5),
 ]
 
 

@@ -113,9 +113,68 @@ def test_model_keys_are_valid_only_for_their_model(tmp_path):
         settings.model_args_of(settings.get_config(["--model_type=future_attn", "--future_dim=500"]))
 
 
-def test_every_seed_config_has_a_file():
+# the configs of the write-ups' next steps (README, "Next steps of the write-ups"): each is its
+# base config with the settings that test the step (None: the GPT-2-sized ones, compared together)
+NEXT_STEPS = {
+    "future50_mse_computed": ("future50_mse", dict(future_kv="computed")),
+    "baseline_possub": ("baseline", dict(sub_pos="yes")),
+    "encdec_mse_possub_enc17_dec10": ("encdec_mse_possub", dict(n_layer_encoder=17, n_layer_decoder=10)),
+    "encdec_mse_possub_enc9_dec16": ("encdec_mse_possub", dict(n_layer_encoder=9, n_layer_decoder=16)),
+    "dropout02_encdec_mse_possub": ("encdec_mse_possub", dict(dropout=0.2)),
+    "gpt2_baseline": (None, {}),
+    "gpt2_future50_mse": (None, {}),
+    "gpt2_encdec_mse_possub": (None, {}),
+}
+
+
+def test_every_config_has_a_file():
     names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
-    assert names == set(SEED_PARAMS) | {"tiny_cpu"}
+    assert names == set(SEED_PARAMS) | set(NEXT_STEPS) | {"tiny_cpu"}
+
+
+def config_and_model(name):
+    config = train.get_config([os.path.join(REPO, "config", f"{name}.py")])
+    module = train.MODELS[config["model_type"]]
+    with torch.device("meta"):  # shapes only, no memory or init time
+        return config, module.GPT(module.GPTConfig(**train.model_args_of(config)))
+
+
+@pytest.mark.parametrize("name", NEXT_STEPS)
+def test_next_step_config_is_its_base_with_the_step(name):
+    from test_models import NEXT_STEP_COUNTS  # counted by hand there
+    config, model = config_and_model(name)
+    expected = {n: count for n, _, _, count in NEXT_STEP_COUNTS}[name]
+    assert model.get_num_params() == expected
+    # the header states the count and the FLOPs per token of this very model
+    with open(os.path.join(REPO, "config", f"{name}.py")) as f:
+        header = f.read().split("\n\n")[0]
+    assert f"{expected:,} parameters" in header
+    assert f"{model.flops_per_token():,} training FLOPs per token" in header
+    assert f"python train.py config/{name}.py" in header and "python study.py config/" in header
+    assert config["out_dir"] == f"out-{name}"
+    base, step = NEXT_STEPS[name]
+    if base is not None:
+        # everything else, training included, as in the base run
+        base_config = train.get_config([os.path.join(REPO, "config", f"{base}.py")])
+        assert config == dict(base_config, **step, out_dir=f"out-{name}")
+
+
+def test_gpt2_configs_compare_models_of_equal_size_on_equal_training():
+    runs = {name: config_and_model(name) for name in NEXT_STEPS if name.startswith("gpt2_")}
+    counts = [model.get_num_params() for _, model in runs.values()]
+    assert max(counts) / min(counts) < 1.02
+    model_keys = {field for module in train.MODELS.values() for field in module.GPTConfig.__dataclass_fields__}
+    training = [{k: v for k, v in config.items() if k not in model_keys | {"out_dir", "model_type"}}
+                for config, _ in runs.values()]
+    assert all(t == training[0] for t in training)
+    assert all(c["block_size"] == 1024 and c["vocab_size"] == 50257 for c, _ in runs.values())
+    config = next(iter(runs.values()))[0]
+    tokens_per_step = config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
+    assert tokens_per_step == 163_840 and config["gradient_accumulation_steps"] % 8 == 0  # 1, 2, 4 or 8 GPUs
+    for config, _ in runs.values():  # head sizes multiples of 8
+        assert config["n_embd"] // config["n_head"] % 8 == 0
+        if config["model_type"] == "encdec":
+            assert config["n_embd"] // config["cross_n_head"] % 8 == 0
 
 
 @pytest.mark.parametrize("name, expected", SEED_PARAMS.items())

@@ -1,0 +1,54 @@
+# Both write-ups' next steps: "try bigger models, at least GPT-2 size". config/encdec_mse_possub.py
+# (the best run of both write-ups) at GPT-2 small scale, to compare with config/gpt2_baseline.py
+# (123,551,232 parameters).
+# Sizing: as in the write-up (d150, 13 + 13 blocks against the baseline's d160, 26 blocks), the
+# two stacks together are as deep as the baseline, 6 + 6 against 12, and a little narrower:
+# d720 with H9 (head size 80) and 2 × 9 = 18 cross-attention heads (head size 40), both multiples
+# of 8 (d768 would need 5 + 5 blocks to fit: shallower than the baseline). 0.22% above the baseline.
+# Auto-regressive encoder-decoder, 123,824,160 parameters, 902,197,440 training FLOPs per token
+# (model.flops_per_token(), at T = 1024: three attentions per block pair).
+# Memory and step time: not measured yet.
+#   python train.py config/gpt2_encdec_mse_possub.py
+#   python study.py config/gpt2_baseline.py config/gpt2_future50_mse.py config/gpt2_encdec_mse_possub.py --seeds=1337 --out_root=study-gpt2
+
+out_dir = "out-gpt2_encdec_mse_possub"
+model_type = "encdec"
+
+# model: d720 H9, 6 encoder + 6 decoder blocks (n_layer counts one stack), context 1024
+vocab_size = 50257
+block_size = 1024
+n_embd = 720
+n_head = 9
+n_layer = 6
+dropout = 0.0
+bias = False
+cross_n_head = 18
+order = "original"
+ln_before_bridge = False
+add_pos_to_decoder = False
+sub_pos = "yes"
+embedding_loss_type = "mse"
+embedding_loss_coeff = 8.0
+detach = "encoder_out"  # the embedding loss trains the embeddings, not the encoder
+ln_encoder_out = True
+embedding_ln = "init"
+
+# training at GPT-2 small scale (the same settings for all three gpt2_* configs)
+# 160,000 tokens per step does not divide into 1024-token rows (156.25), so the nearest whole
+# count with the write-ups' 16 micro-steps (divisible by 1, 2, 4 or 8 GPUs):
+# 10 batch × 16 accum × 1024 tokens = 163,840 tokens per step; × 9000 steps = 1.47B tokens (the
+# write-ups': 1.44B), about 13 passes over WikiText-103's train split (theirs: 37.6 over their text)
+batch_size = 10  # per micro-step; memory at this size: not measured yet
+gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
+max_iters = 9000
+learning_rate = 6e-4  # the GPT-3 paper's 125M model, nanoGPT's GPT-2 small; 9e-4 was for 16M models
+min_lr = 6e-5  # learning_rate / 10, as in the write-ups
+warmup_iters = 1000  # 164M tokens, 11% of the run: longer than the small models' 300 steps
+lr_decay_iters = 9000  # cosine down to min_lr at the last step (the write-ups' 700,000 kept the peak rate)
+decay_lr = True
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # GPT-2-scale runs clip at 1.0; the write-ups' small models did not clip
+eval_interval = 500
+eval_iters = 200  # 200 × 10 × 1024 = 2M tokens per split per estimate
