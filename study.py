@@ -51,7 +51,7 @@ class Run:
     config_name: str  # the config file's name without .py
     config_path: str
     seed: int
-    config: dict  # train.get_config of the run's command line
+    config: dict  # settings.get_config of the run's command line
     state: str = "new"  # 'new', 'restart', 'resume', 'finished' or 'failed', then 'done', 'stopped' or 'failed'
     iter: int = 0  # iterations done as far as we know: from the log, then from train.py's output
     tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))

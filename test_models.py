@@ -70,7 +70,7 @@ def full_logits(model, idx):
 
 
 # --------------------------------------------------------------------------------------
-# parameter counts: the seed configurations of SPEC.md, built from GPTConfig directly
+# parameter counts: the write-ups' configurations, built from GPTConfig directly
 
 SEED_SHAPE = dict(vocab_size=50257, block_size=200, bias=False, dropout=0.0)
 ENCDEC_SHAPE = dict(SEED_SHAPE, n_embd=150, n_head=5, n_layer=13, cross_n_head=10)
@@ -222,7 +222,7 @@ def test_prefix_gives_the_same_logits(name, training):
 
 
 def future_attention_loops(q, k, v, K_future, V_future, K_bias, V_bias, future_dim):
-    """SPEC.md's definition, one query at a time: (out, out_future, out_future_star)."""
+    """The write-up's definition, one query at a time: (out, out_future, out_future_star)."""
     B, H, T, hs = q.shape
     C_ = K_future.size(-1) + 1
     s = 1.0 / math.sqrt(hs)

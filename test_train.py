@@ -133,10 +133,10 @@ def test_every_config_has_a_file():
 
 
 def config_and_model(name):
-    config = train.get_config([os.path.join(REPO, "config", f"{name}.py")])
-    module = train.MODELS[config["model_type"]]
+    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
+    module = settings.MODELS[config["model_type"]]
     with torch.device("meta"):  # shapes only, no memory or init time
-        return config, module.GPT(module.GPTConfig(**train.model_args_of(config)))
+        return config, module.GPT(module.GPTConfig(**settings.model_args_of(config)))
 
 
 @pytest.mark.parametrize("name", NEXT_STEPS)
@@ -155,7 +155,7 @@ def test_next_step_config_is_its_base_with_the_step(name):
     base, step = NEXT_STEPS[name]
     if base is not None:
         # everything else, training included, as in the base run
-        base_config = train.get_config([os.path.join(REPO, "config", f"{base}.py")])
+        base_config = settings.get_config([os.path.join(REPO, "config", f"{base}.py")])
         assert config == dict(base_config, **step, out_dir=f"out-{name}")
 
 
@@ -163,7 +163,7 @@ def test_gpt2_configs_compare_models_of_equal_size_on_equal_training():
     runs = {name: config_and_model(name) for name in NEXT_STEPS if name.startswith("gpt2_")}
     counts = [model.get_num_params() for _, model in runs.values()]
     assert max(counts) / min(counts) < 1.02
-    model_keys = {field for module in train.MODELS.values() for field in module.GPTConfig.__dataclass_fields__}
+    model_keys = {field for module in settings.MODELS.values() for field in module.GPTConfig.__dataclass_fields__}
     training = [{k: v for k, v in config.items() if k not in model_keys | {"out_dir", "model_type"}}
                 for config, _ in runs.values()]
     assert all(t == training[0] for t in training)
