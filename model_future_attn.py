@@ -464,7 +464,8 @@ class GPT(nn.Module):
         return n_params - self.transformer.wpe.weight.numel()
 
     def forward(self, idx, targets=None):
-        """Returns (logits, loss, aux); aux = {'future_attn_loss': unscaled} in training."""
+        """Returns (logits, loss, aux); in training aux = {'future_attn_loss': the unscaled mean
+        over layers, 'future_attn_loss_per_layer': each future-attention layer's, for logging}."""
         B, T = idx.size()
         C = self.config.block_size
         if T > C:
@@ -490,7 +491,10 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         aux = {}
         if with_target:
-            aux["future_attn_loss"] = torch.stack(layer_losses).mean()  # mean over layers
+            per_layer = torch.stack(layer_losses)  # (future-attention layers,)
+            aux["future_attn_loss"] = per_layer.mean()  # mean over layers: the loss trained on
+            # the write-up's conclusion reads the mean as L objectives, none converging: each on its own
+            aux["future_attn_loss_per_layer"] = per_layer.detach()
             if self.config.use_future_attn_loss:
                 loss = loss + self.config.future_attn_loss_coeff * aux["future_attn_loss"]
         return logits, loss, aux

@@ -228,7 +228,7 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
     assert len(fast_calls) == n_future_layers  # the fast path really ran
     torch.testing.assert_close(got[0], ref[0], **TOL)  # logits
     torch.testing.assert_close(got[1], ref[1], **TOL)  # loss
-    assert got[2].keys() == ref[2].keys() == ({"future_attn_loss"} if training else set())
+    assert got[2].keys() == ref[2].keys() == ({"future_attn_loss", "future_attn_loss_per_layer"} if training else set())
     for key in ref[2]:
         torch.testing.assert_close(got[2][key], ref[2][key], **TOL)
     assert got[3].keys() == ref[3].keys()

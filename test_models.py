@@ -725,18 +725,44 @@ def test_eval_is_deterministic_with_dropout(module):
     assert not torch.allclose(model(idx, idx)[0], model(idx, idx)[0])  # dropout is on
 
 
-@pytest.mark.parametrize("module,key", [(base, None), (fa, "future_attn_loss"), (ed, "embedding_loss")],
-                         ids=["baseline", "future_attn", "encdec"])
-def test_aux_loss_only_in_training(module, key):
+@pytest.mark.parametrize("module,keys", [(base, []), (fa, ["future_attn_loss", "future_attn_loss_per_layer"]),
+                                         (ed, ["embedding_loss"])], ids=["baseline", "future_attn", "encdec"])
+def test_aux_loss_only_in_training(module, keys):
     model = tiny(module)
     idx = torch.randint(0, VOCAB, (2, C))
     model.train()
     _, _, aux = model(idx, targets=idx)
-    assert list(aux) == ([key] if key else [])
-    assert all(v.dim() == 0 and torch.isfinite(v) for v in aux.values())
+    assert list(aux) == keys
+    assert all(torch.isfinite(v).all() for v in aux.values())
+    assert all(aux[k].dim() == 0 for k in keys if not k.endswith("_per_layer"))
     assert model(idx)[2] == {}  # no targets, no auxiliary loss
     model.eval()
     assert model(idx, targets=idx)[2] == {}
+
+
+@pytest.mark.parametrize("start_layer, end_layer", [(1, 3), (2, 2)])
+def test_future_attn_loss_per_layer(start_layer, end_layer):
+    # each future-attention layer's own loss, in layer order; their mean is the loss trained on
+    torch.manual_seed(0)
+    model = tiny(fa, n_layer=3, start_layer=start_layer, end_layer=end_layer, future_attn_loss_coeff=0.5)
+    model.train()
+    idx, targets = torch.randint(0, VOCAB, (2, C)), torch.randint(0, VOCAB, (2, C))
+    logits, loss, aux = model(idx, targets=targets)
+    x = model.transformer.drop(model.transformer.wte(idx) + model.transformer.wpe(torch.arange(C)))
+    expected = []
+    for block in model.transformer.h:  # the layers one by one, each future one's loss kept
+        h = block.ln_1(x)
+        y, layer_loss = block.attn(h, with_target=True) if block.future else (block.attn(h), None)
+        x = x + y
+        x = x + block.mlp(block.ln_2(x))
+        if layer_loss is not None:
+            expected.append(layer_loss)
+    per_layer = aux["future_attn_loss_per_layer"]
+    assert per_layer.shape == (end_layer - start_layer + 1,) and not per_layer.requires_grad
+    torch.testing.assert_close(per_layer, torch.stack(expected).detach(), rtol=0, atol=0)
+    torch.testing.assert_close(aux["future_attn_loss"], per_layer.mean(), rtol=0, atol=0)
+    cross_entropy = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+    torch.testing.assert_close(loss, cross_entropy + 0.5 * per_layer.mean())  # the training maths unchanged
 
 
 def test_no_loss_is_kept_as_module_state():

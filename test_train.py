@@ -236,7 +236,11 @@ def test_each_model_trains_logs_and_saves(model_type, data_dir, tmp_path):
     for r in trains:
         assert np.isfinite(r["loss"]) and r["ms_per_iter"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None
         expected_aux = [AUX_KEY[model_type]] if AUX_KEY[model_type] else []
-        assert list(r["aux"]) == expected_aux and all(np.isfinite(v) for v in r["aux"].values())
+        if model_type == "future_attn":  # and the loss of each future-attention layer (2 here)
+            expected_aux.append("future_attn_loss_per_layer")
+            per_layer = r["aux"]["future_attn_loss_per_layer"]
+            assert len(per_layer) == 2 and np.mean(per_layer) == pytest.approx(r["aux"]["future_attn_loss"])
+        assert list(r["aux"]) == expected_aux and all(np.isfinite(v).all() for v in r["aux"].values())
     assert all(np.isfinite(r["val_loss"]) and np.isfinite(r["train_loss"]) for r in evals)
     checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 4 and checkpoint["model_type"] == model_type
@@ -410,3 +414,19 @@ def test_report_table_over_two_runs(runs, tmp_path, capsys):
         assert (tmp_path / "loss.png").exists()
     except ImportError:
         assert "--plot needs matplotlib" in captured.err
+
+
+def test_report_plot_draws_each_future_attention_layer(runs, tmp_path, monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figures, subplots = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *args, **kwargs: figures.append(subplots(*args, **kwargs)) or figures[-1])
+    assert report.main([runs["baseline"], runs["future_attn"], "--plot", str(tmp_path / "loss.png")]) == 0
+    (fig, axes), = figures
+    assert axes.shape == (1, 3)  # train loss, val loss, and one panel for the one future-attention run
+    trains = [r for r in read_log(runs["future_attn"]) if r["type"] == "train"]
+    lines = axes[0, 2].get_lines()
+    assert len(lines) == 2  # its two layers
+    for layer, line in enumerate(lines):
+        assert list(line.get_xdata()) == [r["iter"] for r in trains]
+        assert list(line.get_ydata()) == [r["aux"]["future_attn_loss_per_layer"][layer] for r in trains]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
