@@ -26,7 +26,6 @@ import model_future_attn
 import settings
 from test_models import MODELS, TINY
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 

@@ -440,7 +440,8 @@ def test_report_shows_the_writeup_beside_a_writeup_config_run(tmp_path, capsys):
 
 
 def test_writeup_numbers_are_the_writeup_configs():
-    from test_train import NEXT_STEPS  # the configs of the write-ups' next steps: no published numbers
+    # the configs of the write-ups' next steps have no published numbers
+    from test_train import NEXT_STEPS
     configs = {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(REPO, "config"))}
     assert set(report.WRITEUP) == configs - {"tiny_cpu"} - set(NEXT_STEPS)
     for name, published in report.WRITEUP.items():

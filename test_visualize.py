@@ -153,6 +153,29 @@ def test_future_attention_maps_reproduce_the_layer(overrides, T):
         torch.testing.assert_close(P_star.triu(diagonal=1) @ v, out_future_star, rtol=1e-9, atol=1e-9)
 
 
+def test_computed_future_keys_draw_in_the_same_layout():
+    # future_kv='computed': query i's future key at offset o is k_i + K_offset[o-1], its value
+    # v_i + V_offset[o-1]; the map puts offset o at key position i+o, as for the learned keys
+    model = random_model(fa, future_kv="computed", future_dim=3, bias=True)
+    T, fd = 8, 3
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(4))
+    maps = visualize.attention_maps(model, idx)
+    records = layer_records(model, idx, [block.attn for block in model.transformer.h])
+    for layer, block in enumerate(model.transformer.h):
+        square, attn = maps["future"][layer], block.attn
+        K = min(T + fd, C)
+        i, j = torch.arange(T).view(T, 1), torch.arange(K).view(1, K)
+        causal, band = j <= i, (j > i) & (j <= i + fd)
+        torch.testing.assert_close(square.sum(-1), torch.ones(2, attn.n_head, T, dtype=square.dtype))
+        assert (square[..., ~(causal | band)] == 0).all()
+        q, k, v = attn.heads(records[attn]["args"][0])  # (B, H, T, hs)
+        out = (square[..., :T] * causal[:, :T]) @ v + attn.V_offset_bias  # out_unmasked, out_future's bias
+        for o in range(1, fd + 1):  # out_future, offset by offset: P[i, i+o] (v_i + V_offset[o-1])
+            p_o = torch.stack([square[:, :, t, t + o] for t in range(T)], dim=-1).unsqueeze(-1)  # (B, H, T, 1)
+            out = out + p_o * (v + attn.V_offset[:, o - 1].unsqueeze(1))
+        torch.testing.assert_close(out, by_head(records[attn]["y"], attn.n_head), rtol=1e-9, atol=1e-9)
+
+
 def test_maps_are_computed_in_eval_mode_and_leave_the_mode_alone():
     model = random_model(base, dropout=0.5)
     idx = torch.randint(0, VOCAB, (1, C), generator=torch.Generator().manual_seed(3))
