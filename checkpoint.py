@@ -128,8 +128,9 @@ def check_resume(checkpoint, config, model_args):
             f"cannot resume: the checkpoint holds model_type {checkpoint['model_type']!r}, "
             f"the config asks for {config['model_type']!r}"
         )
-    differ = [f"{key} (checkpoint {checkpoint['model_args'].get(key)!r}, config {value!r})"
-              for key, value in model_args.items() if checkpoint["model_args"].get(key) != value]
+    saved = settings.saved_model_args(checkpoint["model_type"], checkpoint["model_args"])
+    differ = [f"{key} (checkpoint {saved.get(key)!r}, config {value!r})"
+              for key, value in model_args.items() if saved.get(key) != value]
     if differ:
         raise UserError(f"cannot resume: model settings differ from the checkpoint's: {', '.join(differ)}")
 

@@ -99,7 +99,8 @@ def writeup_match(start):
     for name, config in writeup_configs().items():
         # through JSON, as the start record went, so tuples and lists compare equal
         model_args = json.loads(json.dumps(settings.model_args_of(config)))
-        if start["model_type"] == config["model_type"] and start.get("model_args") == model_args:
+        if (start["model_type"] == config["model_type"]
+                and settings.saved_model_args(start["model_type"], start.get("model_args", {})) == model_args):
             run_config = start["config"]
             return name, {key: (run_config.get(key), config[key]) for key in BUDGET_KEYS
                           if run_config.get(key) != config[key]}

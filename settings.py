@@ -8,6 +8,7 @@ report.py and check_causal.py read configs through here too.
 """
 
 import dataclasses
+import json
 
 import configurator
 import data
@@ -130,6 +131,16 @@ def model_args_of(config):
         return dataclasses.asdict(module.GPTConfig(**args))
     except ValueError as e:
         raise ConfigError(f"{e} (model_type {config['model_type']!r})") from None
+
+
+def saved_model_args(model_type, model_args):
+    """The GPTConfig fields a checkpoint or a log recorded, as this version resolves them: a field
+    added since (say future_kv) takes its default, so a run saved before it still compares equal
+    to one configured now. The record as it is where the fields do not fit this model."""
+    try:
+        return json.loads(json.dumps(dataclasses.asdict(MODELS[model_type].GPTConfig(**model_args))))
+    except (KeyError, TypeError, ValueError):
+        return model_args
 
 
 def build_model(model_type, model_args):

@@ -165,7 +165,8 @@ def settings_differ(start, config):
         return os.path.realpath(a) == os.path.realpath(b) if key == "data_dir" else a == b
     differ = [f"{key} {start['config'].get(key)!r} (this study: {config[key]!r})"
               for key in SAME_RUN_KEYS if not same(key, start["config"].get(key), config[key])]
-    if start.get("model_args") != json.loads(json.dumps(settings.model_args_of(config))):
+    saved = settings.saved_model_args(start["model_type"], start.get("model_args", {}))
+    if saved != json.loads(json.dumps(settings.model_args_of(config))):
         differ.append("the model settings")
     return differ
 

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+import cli
 import configurator
 import data
 import report
 import sample
 import settings
 import train
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -430,3 +431,22 @@ def test_report_plot_draws_each_future_attention_layer(runs, tmp_path, monkeypat
         assert list(line.get_xdata()) == [r["iter"] for r in trains]
         assert list(line.get_ydata()) == [r["aux"]["future_attn_loss_per_layer"][layer] for r in trains]
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_saved_before_a_model_field_existed_resumes(data_dir, tmp_path):
+    # a checkpoint and log written before future_kv existed: it takes its default, 'learned'
+    train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=2, eval_interval=2))
+    saved = load_checkpoint(str(tmp_path / "ckpt.pt"), TRAINING_KEYS)
+    del saved["model_args"]["future_kv"]
+    torch.save(saved, tmp_path / "ckpt.pt")
+    result = train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=4, eval_interval=2,
+                                    init_from="resume"))
+    assert result["iter_num"] == 4
+    start = read_log(tmp_path)[0]
+    del start["model_args"]["future_kv"]
+    assert settings.saved_model_args("future_attn", start["model_args"]) == \
+        json.loads(json.dumps(settings.model_args_of(start["config"])))
+    # the setting it lacks must still be the default: another value is a change of model
+    with pytest.raises(cli.UserError, match=r"future_kv \(checkpoint 'learned', config 'computed'\)"):
+        train.train(config_for(data_dir, tmp_path, model_type="future_attn", future_kv="computed", max_iters=6,
+                               init_from="resume"))
