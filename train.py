@@ -13,9 +13,11 @@ shape); a config file and --key=value flags change any setting.
 
 gradient_accumulation_steps is the TOTAL number of micro-steps per optimizer step over all
 processes, so a config gives the same tokens per step on 1 or 8 GPUs. Rank 0 prints, appends
-JSON lines to out_dir/log.jsonl ("start", "train", "eval" records) and writes out_dir/ckpt.pt.
-A new run refuses an out_dir that already holds a run (resume it, or pass --overwrite=True),
-and a run locks its out_dir (out_dir/train.lock) so that a second one cannot write there too.
+JSON lines to out_dir/log.jsonl ("start", "train", "eval" records), and at every evaluation
+writes the whole state to out_dir/ckpt.pt and, when val improved, the model to best.pt.
+Ctrl-C or SIGTERM stops the run after the current step, with its state saved; a new run
+refuses an out_dir that already holds a run (resume it, or pass --overwrite=True), and a run
+locks its out_dir (out_dir/train.lock) so that a second one cannot write there too.
 """
 
 import functools
@@ -107,9 +109,8 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
     if ddp:  # the mean over all processes; every rank then sees the same numbers
         dist.all_reduce(means)
         means /= dist.get_world_size()
-    means = means.tolist()  # one sync with the device per step
-    loss_value, *aux_values = [means.pop(0) if v.dim() == 0 else [means.pop(0) for _ in range(v.numel())]
-                               for v in values]
+    parts = means.cpu().split([v.numel() for v in values])  # one sync with the device per step
+    loss_value, *aux_values = [part.item() if v.dim() == 0 else part.tolist() for part, v in zip(parts, values)]
     return loss_value, dict(zip(aux.keys(), aux_values))
 
 
