@@ -40,7 +40,7 @@ class ConfigError(UserError, ValueError):
 
 class Stopped(BaseException):
     """A signal stopped the script (SIGTERM turned into an exception, as SIGINT already is);
-    `message` says what was saved, if the script saved anything."""
+    its message says what was saved, if the script saved anything."""
 
     def __init__(self, signum, message=None):
         super().__init__(f"stopped by {signal.Signals(signum).name}" if message is None else message)
@@ -56,7 +56,9 @@ class StopRequests:
         self.signum = None
 
     def __enter__(self):
-        self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():  # the only thread signals reach
+            self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def request(self, signum, frame):
