@@ -305,24 +305,6 @@ def test_eval_only_is_kept_apart_from_the_run(data_dir, tmp_path, capsys):
     assert f"evaluated with --eval_only (not the run's numbers) at iter 4 on {other_data}" in notes[0]
 
 
-def test_a_study_with_other_settings_lists_the_old_runs_apart(tiny, tmp_path):
-    argv = [tiny["base"], "--seeds=1,2", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"]
-    assert run_study(argv)[0] == 0
-    status, out, err = run_study(argv + ["--learning_rate=0.002"])
-    assert status == 1
-    text = (tmp_path / "study.md").read_text()
-    assert "| base | 0 of 2 |" in text and "--learning_rate=0.002" in text
-    assert ("Trained with other settings than this study's, left out of the means: base-seed1 (trained with "
-            "learning_rate 0.001 (this study: 0.002))") in text
-    table = json.loads((tmp_path / "study.json").read_text())
-    assert table["configs"][0]["val_loss"] is None and not table["configs"][0]["seeds_finished"]
-    # --report_only reads the same folders with the same flags: the same verdict
-    assert run_study(argv + ["--learning_rate=0.002", "--report_only"])[0] == 0
-    assert "| base | 0 of 2 |" in (tmp_path / "study.md").read_text()
-    assert run_study(argv + ["--report_only"])[0] == 0
-    assert "| base | 2 of 2 |" in (tmp_path / "study.md").read_text()
-
-
 # --------------------------------------------------------------------------------------
 # data and settings checked before anything is written
 

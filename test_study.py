@@ -232,6 +232,27 @@ def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp
         assert "| base | 1 of 1 |" in f.read()
 
 
+def test_a_study_with_other_settings_lists_the_old_runs_apart(finished_study, tiny, tmp_path):
+    # the same command with another learning rate over runs trained at 1e-3: the table must not
+    # present them as this study's results
+    for seed in (1, 2):
+        shutil.copytree(os.path.join(finished_study["out_root"], f"base-seed{seed}"), tmp_path / f"base-seed{seed}")
+    argv = [tiny["base"], "--seeds=1,2", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"]
+    status, out, err = run_study(argv + ["--learning_rate=0.002"])
+    assert status == 1  # nothing trained over them
+    text = (tmp_path / "study.md").read_text()
+    assert "| base | 0 of 2 |" in text and "--learning_rate=0.002" in text
+    assert ("Trained with other settings than this study's, left out of the means: base-seed1 (trained with "
+            "learning_rate 0.001 (this study: 0.002))") in text
+    table = json.loads((tmp_path / "study.json").read_text())
+    assert table["configs"][0]["val_loss"] is None and not table["configs"][0]["seeds_finished"]
+    # --report_only reads the same folders with the same flags: the same verdict
+    assert run_study(argv + ["--learning_rate=0.002", "--report_only"])[0] == 0
+    assert "| base | 0 of 2 |" in (tmp_path / "study.md").read_text()
+    assert run_study(argv + ["--report_only"])[0] == 0
+    assert "| base | 2 of 2 |" in (tmp_path / "study.md").read_text()
+
+
 def test_a_run_trained_otherwise_is_left_alone(finished_study, tiny, tmp_path):
     shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
     before = (tmp_path / "base-seed1" / "log.jsonl").read_text()
