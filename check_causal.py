@@ -21,9 +21,9 @@ as configured, at 16 positions spread over T (--positions=0 for every one).
 
 --probe=True also trains a small model of the same type and options on the reversal task
 of the omniverse notebook ("How To Fine-Tune Decoder-Only Models For Sequence
-Classification With Cross-Attention?"): given n random digits, position t must predict digit n-1-t. A causal model
-learns the positions whose digit it has already seen (the second half) and stays at
-chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
+Classification With Cross-Attention?"): given n random digits, position t must predict
+digit n-1-t. A causal model learns the positions whose digit it has already seen (the
+second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
 reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
 2 a bad setting.
 """

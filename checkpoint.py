@@ -89,13 +89,23 @@ def load_checkpoint(path, keys=MODEL_KEYS):
                         f"train again into a new --out_dir, or resume from a good copy") from None
     missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
-        what = "a checkpoint to resume from (best.pt holds a model only)" if "format" in checkpoint else "a checkpoint"
+        ours = isinstance(checkpoint, dict) and "format" in checkpoint  # best.pt, say, where ckpt.pt was asked for
+        what = "a checkpoint to resume from (best.pt holds a model only)" if ours else "a checkpoint"
         raise UserError(f"{path} is not {what} written by train.py: it lacks {', '.join(missing)}")
     if checkpoint["format"] != FORMAT:
         raise UserError(f"{path} has format {checkpoint['format']!r}; this train.py reads {FORMAT!r}")
     if checkpoint["model_type"] not in settings.MODELS:
         raise UserError(f"{path} holds an unknown model_type {checkpoint['model_type']!r} (known: {', '.join(settings.MODELS)})")
     return checkpoint
+
+
+def saved_iteration(path):
+    """The iteration of a checkpoint, read without loading its tensors into memory (study.py
+    reads it for every run folder); the UserError of load_checkpoint for a file it cannot read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+    except Exception:
+        return load_checkpoint(path, TRAINING_KEYS)["iter_num"]  # raises the UserError that says why
 
 
 def model_path(out_dir, which="best"):

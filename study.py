@@ -33,7 +33,7 @@ import cli
 import data
 import report
 import settings
-from checkpoint import TRAINING_KEYS, load_checkpoint
+from checkpoint import saved_iteration
 from cli import ConfigError, UserError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
@@ -195,14 +195,6 @@ def find_state(run):
         return
     evals = [r["iter"] for r in records if r["type"] == "eval"]
     run.state = "finished" if run.iter >= run.max_iters and run.max_iters in evals else "resume"
-
-
-def saved_iteration(path):
-    """The iteration of a checkpoint, read without loading its tensors into memory."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
-    except Exception:
-        return load_checkpoint(path, TRAINING_KEYS)["iter_num"]  # raises the UserError that says why
 
 
 # --------------------------------------------------------------------------------------

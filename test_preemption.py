@@ -122,10 +122,13 @@ def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     process = start(argv_for(data_dir, out_dir, eval_iters=500, eval_interval=50))
     wait_for(trained_to(out_dir, 50), process)
     process.send_signal(signal.SIGTERM)
+    sent = time.time()
     out, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
     assert "stopped by SIGTERM after iteration 51" in err
-    assert [r["iter"] for r in read_log(out_dir) if r["type"] == "eval"] == [0, 50]  # the evaluation was made
+    evals = [r for r in read_log(out_dir) if r["type"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 50]  # the evaluation was made
+    assert sent < evals[-1]["time"]  # and the signal came while it ran: its record is written after it
     assert train.main(argv_for(data_dir, out_dir, eval_iters=500, max_iters=60, eval_interval=50,
                                init_from="resume")) == 0
     assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == 60

@@ -21,7 +21,7 @@ import torch
 import report
 import settings
 import study
-from checkpoint import TRAINING_KEYS, load_checkpoint
+from checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TINY = """
@@ -163,7 +163,7 @@ def test_kill_then_resume(tiny, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 60
-        while not (ckpt_path.exists() and study.saved_iteration(str(ckpt_path)) > 0) and time.time() < deadline:
+        while not (ckpt_path.exists() and saved_iteration(str(ckpt_path)) > 0) and time.time() < deadline:
             time.sleep(0.02)
     finally:
         children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
