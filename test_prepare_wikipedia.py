@@ -1,12 +1,18 @@
 """
-Tests for prepare_wikipedia.py: documents and splits on local text, the --max_chars cap, the
-write-ups' split (cut at the nearest document boundary), the WikiText detokenizer, refusing
-binary input, the download against a local HTTP server (resume, servers that ignore Range, bad
-zips, errors that are and are not retried), that an interrupted run (an exception, Ctrl-C, SIGTERM)
-or a failed write (a full disk, a read-only folder) leaves no output under the final names and an
-earlier set as it was, and the warning about a val split too small to estimate a loss on.
+Tests for prepare_wikipedia.py, and only for it: what belongs here is anything that module does,
+from reading text to the files it leaves in --out_dir. Fixtures that other test files need too go
+to conftest.py; tests of train.py's side of the data (data.py) go to that module's test file.
 
-    python -m pytest test_prepare.py
+Covered: documents and splits on local text, the --max_chars cap, the write-ups' split (cut at the
+nearest document boundary), the WikiText detokenizer, refusing binary input, the download against
+local HTTP servers (resume, servers that ignore Range, redirects, fallback URLs, bad zips, sha256
+checks and pins, caches reused only for their own source, errors that are and are not retried),
+the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM) or a failed write
+(a full disk, a read-only folder) leaves no output under the final names and an earlier set as it
+was, the lock on the data folder (a second preparation, a run that reads it), and the warning about
+a val split too small to estimate a loss on.
+
+    python -m pytest test_prepare_wikipedia.py
 
 Offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's GPT-2 files (see the README, Offline).
 """
@@ -206,7 +212,7 @@ PLAIN_LINES = [
 ]
 
 
-@pytest.mark.parametrize("wikitext, plain", zip(WIKITEXT_LINES, PLAIN_LINES))
+@pytest.mark.parametrize("wikitext, plain", list(zip(WIKITEXT_LINES, PLAIN_LINES)))
 def test_detokenize_wikitext_lines(wikitext, plain):
     assert pw.detokenize(wikitext) == plain
 
