@@ -516,17 +516,41 @@ def write_splits(train_docs, val_docs, temps, imap, detokenize_first, train_toke
     return {"train": train, "val": val}
 
 
-def lock_out_dir(out_dir):
-    """Hold out_dir/prepare.lock while this run writes there (closing the file releases it), so a
-    second run cannot overwrite or clean up its files; the lock ends with its process, however it ends."""
-    lock = open(os.path.join(out_dir, "prepare.lock"), "a+")
+DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
+
+
+def lock_data_dir(data_dir, shared):
+    """The lock between the runs that read a data folder and prepare_wikipedia.py, which writes it.
+
+    A run holds a shared lock (fcntl.LOCK_SH) on data_dir/data.lock for as long as it trains; any
+    number of runs can hold it together. prepare_wikipedia.py takes the same lock exclusively
+    (LOCK_EX) while it writes: it cannot while a run reads the folder, a run cannot start while it
+    writes, and two preparations exclude each other. Neither side waits (LOCK_NB).
+
+    Returns the open lock file, which holds the lock until it is closed (or its process ends, however
+    it ends), or None when the lock is held the other way."""
+    lock = open(os.path.join(data_dir, DATA_LOCK), "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
-                           "or pass another --out_dir") from None
+        return None
     return lock
+
+
+def lock_out_dir(out_dir):
+    """Hold out_dir's data lock exclusively while this run writes there, so that neither a run that
+    trains on the folder nor a second preparation sees its files change under it."""
+    lock = lock_data_dir(out_dir, shared=False)
+    if lock:
+        return lock
+    reader = lock_data_dir(out_dir, shared=True)  # taken: shared holders are runs, an exclusive one a preparation
+    if reader:
+        reader.close()
+        raise PrepareError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, DATA_LOCK)}), so its "
+                           "files cannot change now; HINT: wait for the run to end, or prepare into another --out_dir")
+    raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                       "or pass another --out_dir")
 
 
 def remove_stale_temps(out_dir):

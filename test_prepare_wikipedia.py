@@ -71,7 +71,7 @@ def read_docs(path):
 
 def outputs(out_dir):
     """The files a run left in out_dir, but for the lock it holds while it runs."""
-    return sorted(name for name in os.listdir(out_dir) if name != "prepare.lock")
+    return sorted(name for name in os.listdir(out_dir) if name != pw.DATA_LOCK)
 
 
 def exit_message(argv):
@@ -444,6 +444,37 @@ def test_a_second_run_on_a_busy_out_dir_is_refused(tmp_path):
         holder.wait()
     pw.prepare_data(argv)
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
+
+
+READER = """
+import fcntl, os, sys, time
+lock = open(os.path.join(sys.argv[1], "data.lock"), "a+")  # what train.py holds while it trains
+fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+print("reading", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_folder_a_run_reads_is_not_written(tmp_path):
+    out, earlier = earlier_set(tmp_path)
+    (out / "train.bin.tmp").write_bytes(b"a stale file, removed only by a run that may write here")
+    (path,) = write_files(tmp_path, [ARTICLES])
+    argv = ["--input", str(path), "--out_dir", str(out), "--num_proc", "1"]
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(out)], stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]  # two runs on one data folder: a shared lock admits both
+    try:
+        assert [reader.stdout.readline().strip() for reader in readers] == ["reading", "reading"]
+        assert exit_message(argv) == (
+            f"error: a run is training from {out} (it holds {out / 'data.lock'}), so its files cannot change now; "
+            "HINT: wait for the run to end, or prepare into another --out_dir")
+        assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier  # nothing written
+        assert outputs(out) == ["meta.json", "train.bin", "train.bin.tmp", "val.bin"]
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    pw.prepare_data(argv)  # the runs have ended
+    assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == ARTICLES
 
 
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
