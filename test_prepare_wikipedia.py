@@ -18,12 +18,14 @@ Offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's GPT-2 files (see 
 """
 import argparse
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import http.server
 import io
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -301,12 +303,15 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
 def test_writeup_split_from_the_zip_ignores_wiki_valid(tmp_path):
     zip_path = tmp_path / "wt.zip"
     zip_path.write_bytes(wikitext_zip(tmp_path))  # train.raw: ARTICLES[:8], valid.raw: ARTICLES[8:]
+    digest = hashlib.sha256(zip_path.read_bytes()).hexdigest()  # a zip of our own: its sha256 is given
     counts = token_counts(ARTICLES, detokenized=False)
     out = tmp_path / "out"
-    meta = pw.prepare_data(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--out_dir", str(out),
+    meta = pw.prepare_data(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--sha256", digest,
+                            "--out_dir", str(out),
                     "--num_proc", "1", "--train_tokens", str(sum(counts[:2])), "--val_tokens", str(counts[2])])
     assert read_docs(out / "train.bin") == ARTICLES[:2] and read_docs(out / "val.bin") == [ARTICLES[2]]
-    assert meta["detokenize"] is False and meta["source"] == str(zip_path)
+    assert meta["detokenize"] is False
+    assert meta["source"] == {"dataset": "wikitext103", "zip": str(zip_path), "sha256": digest, "expected_sha256": digest}
 
 
 def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
@@ -327,7 +332,8 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
 
 def test_writeup_defaults_are_the_write_ups_counts():
     args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
-                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None)
+                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None,
+                              dataset=None, zip=None, url=None, sha256=None, out_dir=None)
     pw.check_settings(args)
     assert (args.train_tokens, args.val_tokens, args.detokenize) == (38_276_830, 4_341_780, True)
     assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
@@ -729,8 +735,8 @@ def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status,
 # --------------------------------------------------------------------------- download
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Serves server.files (bytes, or an HTTP error code), honouring Range unless told not to; logs
-    (path, Range, User-Agent)."""
+    """Serves server.files (bytes, an HTTP error code, or a URL to redirect to), honouring Range unless
+    told not to; logs (path, Range, User-Agent)."""
 
     def do_GET(self):
         server = self.server
@@ -738,6 +744,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data = server.files.get(self.path, 404)
         if isinstance(data, int):
             self.send_error(data)
+            return
+        if isinstance(data, str):  # moved elsewhere, as a mirror's front door does
+            self.send_response(302)
+            self.send_header("Location", data)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         start = 0
         if self.headers.get("Range") and server.honor_range:
@@ -757,25 +769,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def server():
+@contextlib.contextmanager
+def serving():
+    """A Handler server on 127.0.0.1, on a free port, for the duration of the block."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.files, srv.log, srv.honor_range, srv.drop_after = {}, [], True, None
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=5)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
 
 
-def wikitext_zip(tmp_path, padding=0):
-    """A small zip laid out like WikiText-103 raw; padding adds incompressible test-file bytes."""
+@pytest.fixture
+def server():
+    with serving() as srv:
+        yield srv
+
+
+@pytest.fixture
+def other_server():
+    """A second server, on another port: another host, as far as a URL is concerned."""
+    with serving() as srv:
+        yield srv
+
+
+def wikitext_zip(tmp_path, padding=0, folder="wikitext-103-raw", articles=ARTICLES):
+    """A small zip laid out like WikiText raw (train.raw: articles[:8], valid.raw: the rest); padding
+    adds incompressible test-file bytes."""
     path = tmp_path / "made.zip"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("wikitext-103-raw/wiki.train.raw", " \n" + "".join(ARTICLES[:8]))
-        zf.writestr("wikitext-103-raw/wiki.valid.raw", " \n" + "".join(ARTICLES[8:]))
-        zf.writestr("wikitext-103-raw/wiki.test.raw", np.random.default_rng(0).bytes(padding) + b"\n")
+        zf.writestr(f"{folder}/wiki.train.raw", " \n" + "".join(articles[:8]))
+        zf.writestr(f"{folder}/wiki.valid.raw", " \n" + "".join(articles[8:]))
+        zf.writestr(f"{folder}/wiki.test.raw", np.random.default_rng(0).bytes(padding) + b"\n")
     return path.read_bytes()
 
 
@@ -783,17 +812,37 @@ def url(server, path="/wt.zip"):
     return f"http://127.0.0.1:{server.server_port}{path}"
 
 
-def test_download_and_prepare(tmp_path, server):
-    server.files["/wt.zip"] = wikitext_zip(tmp_path)
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def publish(monkeypatch, name, urls, size, digest):
+    """Make the dataset called name one served by the test's servers, with the size and sha256 given."""
+    dataset = dataclasses.replace(pw.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
+    monkeypatch.setitem(pw.DATASETS, name, dataset)
+
+
+def cached(out, address):
+    """Where a --url's zip is kept in out."""
+    return pathlib.Path(pw.cache_path(str(out), address, None))
+
+
+def test_download_and_prepare(tmp_path, server, capsys):
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
     meta = pw.prepare_data(argv)
     assert server.log == [("/wt.zip", None, pw.USER_AGENT)]
-    assert (out / "wt.zip").read_bytes() == server.files["/wt.zip"] and not (out / "wt.zip.part").exists()
+    zip_path = cached(out, url(server))
+    assert zip_path.read_bytes() == data and not pathlib.Path(f"{zip_path}.part").exists()
     assert read_docs(out / "train.bin") == ARTICLES[:8]
     assert read_docs(out / "val.bin") == ARTICLES[8:]
-    assert meta["source"]["urls"] == [url(server)]
-    pw.prepare_data(argv)  # the verified zip is reused: no second request
+    assert meta["source"] == {"dataset": "wikitext103", "zip": str(zip_path), "url": url(server), "sha256": sha256(data),
+                              "urls": [url(server)], "expected_sha256": None}
+    # a zip the script knows nothing of: its sha256 is printed, to pin it with next time
+    assert (f"sha256 of {zip_path}: {sha256(data)} (not checked; pass --sha256 {sha256(data)} to insist on these "
+            "bytes next time)") in capsys.readouterr().out
+    assert pw.prepare_data(argv)["source"] == meta["source"]  # the checked zip is reused: no second request
     assert len(server.log) == 1
 
 
@@ -802,17 +851,19 @@ def test_a_full_disk_during_the_download(tmp_path, server, monkeypatch):
     server.files["/wt.zip"] = data
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
-    break_open(monkeypatch, "wt.zip.part", errno.ENOSPC, room=100_000)  # full after 100 kB
+    part = pathlib.Path(f"{cached(out, url(server))}.part")
+    break_open(monkeypatch, part.name, errno.ENOSPC, room=100_000)  # full after 100 kB
     message = exit_message(argv)
-    assert message == (f"error: cannot write {out / 'wt.zip.part'}: no space left on device; the next run resumes "
+    assert message == (f"error: cannot write {part}: no space left on device; the next run resumes "
                        f"the download; HINT: {FULL}")
     assert len(server.log) == 1  # not retried, and no other URL tried: the server was not at fault
-    part = (out / "wt.zip.part").read_bytes()
-    assert 0 < len(part) <= 100_000 and data.startswith(part)  # what was downloaded is kept, and sound
+    kept = part.read_bytes()
+    assert 0 < len(kept) <= 100_000 and data.startswith(kept)  # what was downloaded is kept, and sound
     monkeypatch.undo()  # space freed
     pw.prepare_data(argv)
-    assert server.log[1][1] == f"bytes={len(part)}-"  # resumed
-    assert (out / "wt.zip").read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
+    assert server.log[1][1] == f"bytes={len(kept)}-"  # resumed
+    assert cached(out, url(server)).read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
+
 
 def test_resume_from_part(tmp_path, server):
     data = wikitext_zip(tmp_path)
@@ -854,12 +905,11 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
     assert outputs(out) == []
     # a truncated download: wrong size when the size is known, a broken zip when it is not
     data = wikitext_zip(tmp_path)
-    for expected_size, problem in [(len(data), "expected"), (None, "not a valid zip")]:
-        truncated = tmp_path / "truncated.zip"
-        truncated.write_bytes(data[:len(data) // 2])
-        with pytest.raises(pw.PrepareError, match=problem):
-            pw.check_zip(str(truncated), expected_size)
-        assert not truncated.exists()
+    truncated = tmp_path / "truncated.zip"
+    truncated.write_bytes(data[:len(data) // 2])
+    for expected_size, problem in [(len(data), f"has {len(data) // 2:,} bytes, expected {len(data):,}"),
+                                   (None, "is not a valid zip (File is not a zip file)")]:
+        assert pw.examine_zip(str(truncated), pw.Expected(expected_size, None, ""))[0] == problem
 
 
 def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
@@ -879,9 +929,10 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=1)
+    origin = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), sha256(data), "the test's"),
+                          retries=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
-    assert open(path, "rb").read() == data
+    assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
 
 def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
@@ -910,8 +961,8 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=5)
-    assert open(path, "rb").read() == data
+    pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), None, ""), retries=5, hint="")
+    assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
     assert failure == ["nonexistent.invalid: attempt 1/5 failed: cannot resolve the host name nonexistent.invalid "
