@@ -994,3 +994,165 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
         thread.join(timeout=5)
         listener.close()
     assert len(connections) == 1  # one attempt only
+
+
+# --------------------------------------------------------------------------- WikiText-2, and what a zip must be
+
+def test_the_datasets_are_the_published_files():
+    wikitext2 = pw.DATASETS["wikitext2"]
+    assert wikitext2.urls == ("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+                              "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip")
+    assert (wikitext2.file, wikitext2.size, wikitext2.out_dir, wikitext2.detokenize) == (
+        "wikitext-2-raw-v1.zip", 4_721_645, "data/wikitext2", True)
+    assert wikitext2.sha256 == "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
+    wikitext103 = pw.DATASETS[pw.DEFAULT_DATASET]
+    assert (wikitext103.file, wikitext103.size, wikitext103.out_dir, wikitext103.detokenize) == (
+        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikipedia", False)  # today's default, unchanged
+    assert wikitext103.sha256 == "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
+    config = {}
+    with open(os.path.join(REPO, "config", "tiny_cpu.py")) as f:
+        exec(f.read(), config)  # a config file is plain Python
+    assert config["data_dir"] == wikitext2.out_dir  # the CPU quick start reads what --dataset wikitext2 writes
+
+
+def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikitext2, lands here
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    data = wikitext_zip(tmp_path, folder="wikitext-2-raw")
+    server.files["/wikitext-2-raw-v1.zip"] = data
+    urls = [url(server, "/gone.zip"), url(server, "/wikitext-2-raw-v1.zip")]  # the main host fails, the mirror works
+    out = tmp_path / "data" / "wikitext2"
+    argv = ["--dataset", "wikitext2", "--num_proc", "1"]
+    # the real size and hash: the server's 10 kB are refused before they are downloaded
+    publish(monkeypatch, "wikitext2", urls, 4_721_645, pw.DATASETS["wikitext2"].sha256)
+    message = exit_message(argv)
+    assert f"server offers {len(data):,} bytes, expected 4,721,645" in message and "--dataset wikitext2 --zip" in message
+    # the real hash pinned: downloaded, refused, deleted
+    publish(monkeypatch, "wikitext2", urls, len(data), pw.DATASETS["wikitext2"].sha256)
+    message = exit_message(argv)
+    part = "data/wikitext2/wikitext-2-raw-v1.zip.part"  # relative, as the default --out_dir is
+    assert (f"{urls[1]}: {part} has sha256 {sha256(data)}, not ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11, "
+            "the published sha256 of wikitext-2-raw-v1.zip; deleted it") in message
+    assert message.startswith("error: could not download the data: ") and "\n" not in message
+    assert outputs(out) == []
+    # the hash replaced by the test's: it prepares, detokenized by default
+    publish(monkeypatch, "wikitext2", urls, len(data), sha256(data))
+    meta = pw.prepare_data(argv)
+    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
+    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
+    assert meta["detokenize"] is True and meta["split"] == "wikitext"
+    assert meta["source"] == {"dataset": "wikitext2", "zip": "data/wikitext2/wikitext-2-raw-v1.zip", "url": urls[1],
+                              "sha256": sha256(data), "urls": urls, "expected_sha256": sha256(data)}
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikitext-2-raw-v1.zip",
+                            "wikitext-2-raw-v1.zip.origin.json"]
+    assert "error" not in capsys.readouterr().out
+
+
+def test_wikitext2_download_resumes(tmp_path, server, monkeypatch):
+    data = wikitext_zip(tmp_path, folder="wikitext-2-raw", padding=100_000)
+    server.files["/wikitext-2-raw-v1.zip"] = data
+    publish(monkeypatch, "wikitext2", [url(server, "/wikitext-2-raw-v1.zip")], len(data), sha256(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "wikitext-2-raw-v1.zip.part").write_bytes(data[:30_000])  # what an interrupted run left
+    pw.prepare_data(["--dataset", "wikitext2", "--out_dir", str(out), "--num_proc", "1"])
+    assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", pw.USER_AGENT)]
+    assert (out / "wikitext-2-raw-v1.zip").read_bytes() == data
+    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]
+
+
+def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch, capsys):
+    data = wikitext_zip(tmp_path)
+    other = wikitext_zip(tmp_path, articles=[a.replace("History", "Mystery") for a in ARTICLES])
+    assert len(other) == len(data) and other != data  # the right size, and a sound zip of other text
+    server.files["/wikitext-103-raw-v1.zip"] = data
+    publish(monkeypatch, "wikitext103", [url(server, "/wikitext-103-raw-v1.zip")], len(data), sha256(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    zip_path = out / "wikitext-103-raw-v1.zip"
+    zip_path.write_bytes(other)
+    argv = ["--out_dir", str(out), "--num_proc", "1"]
+    meta = pw.prepare_data(argv)
+    assert (f"warning: {zip_path} has sha256 {sha256(other)}, not {sha256(data)}, the published sha256 of "
+            f"wikitext-103-raw-v1.zip: not used; renamed it to {zip_path}.bad; downloading again"
+            in capsys.readouterr().err)
+    assert (out / "wikitext-103-raw-v1.zip.bad").read_bytes() == other  # moved aside, not deleted
+    assert zip_path.read_bytes() == data and read_docs(out / "train.bin") == ARTICLES[:8]
+    assert meta["source"]["sha256"] == sha256(data) and len(server.log) == 1
+    zip_path.write_bytes(other)  # once more: a second .bad does not replace the first
+    pw.prepare_data(argv)
+    assert (out / "wikitext-103-raw-v1.zip.bad.1").read_bytes() == other and len(server.log) == 2
+
+
+def test_a_redirect_is_recorded(tmp_path, server, other_server, capsys):
+    other_server.files["/files/wt.zip"] = data = wikitext_zip(tmp_path)
+    server.files["/wt.zip"] = url(other_server, "/files/wt.zip")
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])
+    assert meta["source"]["url"] == url(other_server, "/files/wt.zip") and meta["source"]["urls"] == [url(server)]
+    assert f"127.0.0.1:{server.server_port}: redirected to {url(other_server, '/files/wt.zip')}" in capsys.readouterr().err
+    assert read_docs(out / "train.bin") == ARTICLES[:8]
+    # reused from the cache, the zip still names where its bytes came from
+    assert pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])["source"] == meta["source"]
+
+
+def test_a_second_url_with_the_same_file_name_has_a_cache_of_its_own(tmp_path, server):
+    server.files["/a/wt.zip"] = wikitext_zip(tmp_path)
+    server.files["/b/wt.zip"] = wikitext_zip(tmp_path, articles=ARTICLES[::-1])
+    out = tmp_path / "out"
+    first = pw.prepare_data(["--url", url(server, "/a/wt.zip"), "--out_dir", str(out), "--num_proc", "1"])
+    second = pw.prepare_data(["--url", url(server, "/b/wt.zip"), "--out_dir", str(out), "--num_proc", "1"])
+    assert [entry[0] for entry in server.log] == ["/a/wt.zip", "/b/wt.zip"]
+    assert read_docs(out / "train.bin") == ARTICLES[::-1][:8]  # the second URL's text
+    assert second["source"]["url"] == url(server, "/b/wt.zip") and second["source"]["sha256"] != first["source"]["sha256"]
+    assert cached(out, url(server, "/a/wt.zip")).read_bytes() == server.files["/a/wt.zip"]  # the first's, kept
+
+
+def test_sha256_pins_a_url(tmp_path, server):
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
+    out = tmp_path / "out"
+    argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
+    wrong = sha256(b"other bytes")
+    message = exit_message([*argv, "--sha256", wrong.upper()])  # either case
+    part = f"{cached(out, url(server))}.part"
+    assert message == (f"error: could not download the data: {url(server)}: {part} has sha256 {sha256(data)}, not "
+                       f"{wrong}, given by --sha256; deleted it; HINT: download {url(server)} by hand and run "
+                       f"`python prepare_wikipedia.py --sha256 {wrong} --zip FILE`, or unzip it and run "
+                       "`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
+    assert outputs(out) == []
+    meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
+    assert meta["source"]["sha256"] == meta["source"]["expected_sha256"] == sha256(data)
+    # a cached zip whose bytes changed since it was downloaded: refused, even with no --sha256
+    zip_path = cached(out, url(server))
+    zip_path.write_bytes(data[:-1] + b"!")
+    pw.prepare_data(argv)
+    assert pathlib.Path(f"{zip_path}.bad").exists() and zip_path.read_bytes() == data and len(server.log) == 3
+
+
+def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
+    zip_path = tmp_path / "mine.zip"
+    zip_path.write_bytes(data := wikitext_zip(tmp_path))
+    argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"]
+    message = exit_message(argv)  # checked against WikiText-103's published sha256
+    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {pw.DATASETS['wikitext103'].sha256}, the "
+                       f"published sha256 of wikitext-103-raw-v1.zip; HINT: if it is a zip of your own in WikiText's "
+                       f"layout, pass --sha256 {sha256(data)} to use it; if it should be the published one, download "
+                       "it again")
+    assert zip_path.read_bytes() == data  # the user's file, left as it was
+    meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
+    assert meta["source"]["sha256"] == sha256(data) and read_docs(tmp_path / "out" / "train.bin") == ARTICLES[:8]
+    # the published WikiText-2 zip, given without --dataset: the message says which flag is missing
+    publish(monkeypatch, "wikitext2", [], len(data), sha256(data))
+    assert exit_message(argv).endswith("HINT: it is the published wikitext-2-raw-v1.zip: add --dataset wikitext2")
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--input", "a.txt", "--dataset", "wikitext2"], "--dataset names a zip to read, and --input names text files"),
+    (["--input", "a.txt", "--sha256", "0" * 64], "--sha256 names a zip to read, and --input names text files"),
+    (["--zip", "a.zip", "--url", "http://127.0.0.1:9/a.zip"], "--zip names a zip on disk, --url one to download"),
+    (["--url", "http://127.0.0.1:9/a.zip", "--sha256", "abc"], "--sha256 must be 64 hexadecimal digits, got 'abc'"),
+    (["--dataset", "wikitext2", "--sha256", "0" * 64], "--sha256 pins the zip of a --url or a --zip"),
+])
+def test_zip_settings_that_contradict(tmp_path, flags, problem):
+    message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
+    assert message.startswith("error: ") and problem in message and "\n" not in message
