@@ -2,15 +2,36 @@
 Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nanoGPT layout).
 
     python prepare_wikipedia.py                          # download WikiText-103 raw (192 MB zip), tokenize all
+    python prepare_wikipedia.py --dataset wikitext2      # WikiText-2 raw (4.7 MB), for a first run on a CPU
     python prepare_wikipedia.py --split=writeup --out_dir data/writeup    # the write-ups' regime (see Split)
     python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip              # a zip you downloaded by hand
     python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw      # local text files, no network
     python prepare_wikipedia.py --input notes.txt --val held_out.txt       # your own text, val named
     TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python prepare_wikipedia.py --input my.txt   # offline (see Offline)
 
-Writes to --out_dir (default data/wikipedia): train.bin, val.bin (read them with
-np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token and character counts,
-the largest token id and sha256 of each .bin, the source). The zip is kept there and reused.
+Writes to --out_dir (default data/wikipedia, and data/wikitext2 for --dataset wikitext2): train.bin,
+val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token
+and character counts, the largest token id and sha256 of each .bin, the source). The zip is kept
+there and reused.
+
+Datasets: --dataset wikitext103 (the default) and wikitext2 are WikiText's raw zips, each fetched
+from its first URL that works (see DATASETS) and checked, before any of it is read, against the
+published size and SHA-256. The check is the same wherever the zip comes from:
+  - a download: a zip that fails is deleted (its bytes came from the network, maybe resumed onto a
+    partial file of another source), and the next URL is tried; a partial download (.part) is
+    resumed by the next run with an HTTP Range request;
+  - the zip kept in --out_dir by an earlier run: one that fails is not used but renamed to *.bad
+    (never deleted: the user may have put it there), the run says so and downloads again;
+  - --zip FILE, downloaded by hand: checked against --dataset's published sha256 (WikiText-103's
+    unless --dataset says otherwise); --sha256 HASH names another, for a zip of your own in WikiText's
+    layout. A zip that fails is refused and left where it is; the message gives its sha256;
+  - --url URL, a zip this script knows nothing of: its sha256 is printed and recorded, and
+    --sha256 HASH pins it (other bytes are refused). With --dataset, a --url is taken for a mirror of
+    that dataset and checked against its published sha256. Each --url has a cache of its own, named
+    after the URL's file and a hash of the URL, so that two URLs with the same file name never share
+    one; a cache is used only if its bytes still have the sha256 recorded when it was downloaded.
+Beside a downloaded zip, ZIP.origin.json records the URL its bytes came from (after redirects) and
+their sha256; meta.json's "source" repeats both, with the dataset and the sha256 that was checked.
 
 Documents: a WikiText article starts at a top-level heading line ` = Title = ` (section lines
 ` = = Section = = ` do not start one). Text without such headings is cut at the first blank line
@@ -31,14 +52,19 @@ train = the first documents of wiki.train.raw (or of the --input files, in order
 --train_tokens, cut at the document boundary nearest that count (ties take the document); val = the
 documents that follow, up to --val_tokens, cut the same way. Nothing past val is read.
 
---detokenize (on by default with --split=writeup) undoes WikiText's tokenization marks
-(` @-@ `, a space before punctuation, ...) so the text reads as ordinary text; see detokenize().
+--detokenize (on by default with --split=writeup and with --dataset wikitext2) undoes WikiText's
+tokenization marks (` @-@ `, a space before punctuation, ...) so the text reads as ordinary text;
+see detokenize().
 
 Every output is written under a temporary name and renamed when complete (meta.json last), so an
 interrupted run never leaves a half file under a final name; a killed run's temporary files are
 removed by the next run. A failed write (a full disk, a read-only folder) ends the run with one line
 naming the file, the cause and what to do; Ctrl-C (exit status 130) and SIGTERM (143) stop it the
 same way.
+
+The data folder is locked while this script writes it (see lock_data_dir()): a run that trains from
+it holds out_dir/data.lock shared, and this script, which takes it exclusively, refuses such a folder
+in one line, as it refuses a folder that another prepare_wikipedia.py is writing.
 
 Offline: tiktoken downloads the GPT-2 BPE files on first use and caches them in the folder named by
 TIKTOKEN_CACHE_DIR (by default data-gym-cache in the system's temporary folder). Fill one once on a
@@ -872,7 +898,9 @@ def run(args):
         if expected.sha256 is None:
             print(f"sha256 of {zip_path}: {origin['sha256']} (not checked; pass --sha256 {origin['sha256']} to "
                   "insist on these bytes next time)")
-        source = {"dataset": args.dataset, "zip": zip_path, **origin, "expected_sha256": expected.sha256}
+        published = expected.sha256 == dataset.sha256  # the bytes are the dataset's published zip
+        source = {"dataset": args.dataset if published else None, "zip": zip_path, **origin,
+                  "expected_sha256": expected.sha256}
         train_docs = zip_documents(zip_path, "wiki.train.raw")
         val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
     settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,

@@ -311,7 +311,7 @@ def test_writeup_split_from_the_zip_ignores_wiki_valid(tmp_path):
                     "--num_proc", "1", "--train_tokens", str(sum(counts[:2])), "--val_tokens", str(counts[2])])
     assert read_docs(out / "train.bin") == ARTICLES[:2] and read_docs(out / "val.bin") == [ARTICLES[2]]
     assert meta["detokenize"] is False
-    assert meta["source"] == {"dataset": "wikitext103", "zip": str(zip_path), "sha256": digest, "expected_sha256": digest}
+    assert meta["source"] == {"dataset": None, "zip": str(zip_path), "sha256": digest, "expected_sha256": digest}
 
 
 def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
@@ -837,7 +837,7 @@ def test_download_and_prepare(tmp_path, server, capsys):
     assert zip_path.read_bytes() == data and not pathlib.Path(f"{zip_path}.part").exists()
     assert read_docs(out / "train.bin") == ARTICLES[:8]
     assert read_docs(out / "val.bin") == ARTICLES[8:]
-    assert meta["source"] == {"dataset": "wikitext103", "zip": str(zip_path), "url": url(server), "sha256": sha256(data),
+    assert meta["source"] == {"dataset": None, "zip": str(zip_path), "url": url(server), "sha256": sha256(data),
                               "urls": [url(server)], "expected_sha256": None}
     # a zip the script knows nothing of: its sha256 is printed, to pin it with next time
     assert (f"sha256 of {zip_path}: {sha256(data)} (not checked; pass --sha256 {sha256(data)} to insist on these "
