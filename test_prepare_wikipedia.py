@@ -1026,13 +1026,15 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     # the real size and hash: the server's 10 kB are refused before they are downloaded
     publish(monkeypatch, "wikitext2", urls, 4_721_645, pw.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
-    assert f"server offers {len(data):,} bytes, expected 4,721,645" in message and "--dataset wikitext2 --zip" in message
+    assert f"server offers {len(data):,} bytes, expected 4,721,645" in message
+    assert "`python prepare_wikipedia.py --dataset wikitext2 --zip FILE`" in message  # what to do
     # the real hash pinned: downloaded, refused, deleted
     publish(monkeypatch, "wikitext2", urls, len(data), pw.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
     part = "data/wikitext2/wikitext-2-raw-v1.zip.part"  # relative, as the default --out_dir is
-    assert (f"{urls[1]}: {part} has sha256 {sha256(data)}, not ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11, "
-            "the published sha256 of wikitext-2-raw-v1.zip; deleted it") in message
+    published = "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
+    assert (f"{urls[1]}: {part} has sha256 {sha256(data)}, not {published}, the published sha256 of "
+            "wikitext-2-raw-v1.zip; deleted it") in message
     assert message.startswith("error: could not download the data: ") and "\n" not in message
     assert outputs(out) == []
     # the hash replaced by the test's: it prepares, detokenized by default
@@ -1090,7 +1092,8 @@ def test_a_redirect_is_recorded(tmp_path, server, other_server, capsys):
     out = tmp_path / "out"
     meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])
     assert meta["source"]["url"] == url(other_server, "/files/wt.zip") and meta["source"]["urls"] == [url(server)]
-    assert f"127.0.0.1:{server.server_port}: redirected to {url(other_server, '/files/wt.zip')}" in capsys.readouterr().err
+    redirected = f"127.0.0.1:{server.server_port}: redirected to {url(other_server, '/files/wt.zip')}"
+    assert redirected in capsys.readouterr().err
     assert read_docs(out / "train.bin") == ARTICLES[:8]
     # reused from the cache, the zip still names where its bytes came from
     assert pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])["source"] == meta["source"]
@@ -1104,7 +1107,8 @@ def test_a_second_url_with_the_same_file_name_has_a_cache_of_its_own(tmp_path, s
     second = pw.prepare_data(["--url", url(server, "/b/wt.zip"), "--out_dir", str(out), "--num_proc", "1"])
     assert [entry[0] for entry in server.log] == ["/a/wt.zip", "/b/wt.zip"]
     assert read_docs(out / "train.bin") == ARTICLES[::-1][:8]  # the second URL's text
-    assert second["source"]["url"] == url(server, "/b/wt.zip") and second["source"]["sha256"] != first["source"]["sha256"]
+    assert second["source"]["url"] == url(server, "/b/wt.zip")
+    assert second["source"]["sha256"] == sha256(server.files["/b/wt.zip"]) != first["source"]["sha256"]
     assert cached(out, url(server, "/a/wt.zip")).read_bytes() == server.files["/a/wt.zip"]  # the first's, kept
 
 
