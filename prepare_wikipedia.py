@@ -2,15 +2,36 @@
 Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nanoGPT layout).
 
     python prepare_wikipedia.py                          # download WikiText-103 raw (192 MB zip), tokenize all
+    python prepare_wikipedia.py --dataset wikitext2      # WikiText-2 raw (4.7 MB), for a first run on a CPU
     python prepare_wikipedia.py --split=writeup --out_dir data/writeup    # the write-ups' regime (see Split)
     python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip              # a zip you downloaded by hand
     python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw      # local text files, no network
     python prepare_wikipedia.py --input notes.txt --val held_out.txt       # your own text, val named
     TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python prepare_wikipedia.py --input my.txt   # offline (see Offline)
 
-Writes to --out_dir (default data/wikipedia): train.bin, val.bin (read them with
-np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token and character counts,
-the largest token id and sha256 of each .bin, the source). The zip is kept there and reused.
+Writes to --out_dir (default data/wikipedia, and data/wikitext2 for --dataset wikitext2): train.bin,
+val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and meta.json (the split, token
+and character counts, the largest token id and sha256 of each .bin, the source). The zip is kept
+there and reused.
+
+Datasets: --dataset wikitext103 (the default) and wikitext2 are WikiText's raw zips, each fetched
+from its first URL that works (see DATASETS) and checked, before any of it is read, against the
+published size and SHA-256. The check is the same wherever the zip comes from:
+  - a download: a zip that fails is deleted (its bytes came from the network, maybe resumed onto a
+    partial file of another source), and the next URL is tried; a partial download (.part) is
+    resumed by the next run with an HTTP Range request;
+  - the zip kept in --out_dir by an earlier run: one that fails is not used but renamed to *.bad
+    (never deleted: the user may have put it there), the run says so and downloads again;
+  - --zip FILE, downloaded by hand: checked against --dataset's published sha256 (WikiText-103's
+    unless --dataset says otherwise); --sha256 HASH names another, for a zip of your own in WikiText's
+    layout. A zip that fails is refused and left where it is; the message gives its sha256;
+  - --url URL, a zip this script knows nothing of: its sha256 is printed and recorded, and
+    --sha256 HASH pins it (other bytes are refused). With --dataset, a --url is taken for a mirror of
+    that dataset and checked against its published sha256. Each --url has a cache of its own, named
+    after the URL's file and a hash of the URL, so that two URLs with the same file name never share
+    one; a cache is used only if its bytes still have the sha256 recorded when it was downloaded.
+Beside a downloaded zip, ZIP.origin.json records the URL its bytes came from (after redirects) and
+their sha256; meta.json's "source" repeats both, with the dataset and the sha256 that was checked.
 
 Documents: a WikiText article starts at a top-level heading line ` = Title = ` (section lines
 ` = = Section = = ` do not start one). Text without such headings is cut at the first blank line
@@ -31,14 +52,19 @@ train = the first documents of wiki.train.raw (or of the --input files, in order
 --train_tokens, cut at the document boundary nearest that count (ties take the document); val = the
 documents that follow, up to --val_tokens, cut the same way. Nothing past val is read.
 
---detokenize (on by default with --split=writeup) undoes WikiText's tokenization marks
-(` @-@ `, a space before punctuation, ...) so the text reads as ordinary text; see detokenize().
+--detokenize (on by default with --split=writeup and with --dataset wikitext2) undoes WikiText's
+tokenization marks (` @-@ `, a space before punctuation, ...) so the text reads as ordinary text;
+see detokenize().
 
 Every output is written under a temporary name and renamed when complete (meta.json last), so an
 interrupted run never leaves a half file under a final name; a killed run's temporary files are
 removed by the next run. A failed write (a full disk, a read-only folder) ends the run with one line
 naming the file, the cause and what to do; Ctrl-C (exit status 130) and SIGTERM (143) stop it the
 same way.
+
+The data folder is locked while this script writes it (see lock_data_dir()): a run that trains from
+it holds out_dir/data.lock shared, and this script, which takes it exclusively, refuses such a folder
+in one line, as it refuses a folder that another prepare_wikipedia.py is writing.
 
 Offline: tiktoken downloads the GPT-2 BPE files on first use and caches them in the folder named by
 TIKTOKEN_CACHE_DIR (by default data-gym-cache in the system's temporary folder). Fill one once on a
@@ -50,6 +76,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import datetime
 import errno
 import fcntl
@@ -65,6 +92,7 @@ import socket
 import sys
 import tempfile
 import time
+import typing
 import zipfile
 from urllib.parse import urlparse
 
@@ -74,11 +102,37 @@ import tiktoken
 
 import cli
 
-WIKITEXT_URLS = [
-    "https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
-    "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip",
-]
-WIKITEXT_SIZE = 191_984_949  # bytes of wikitext-103-raw-v1.zip
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A published WikiText zip: where it is served and what its bytes must be."""
+    file: str  # the zip's name, kept in --out_dir and reused by the next run
+    urls: tuple  # tried in order; every one serves this same file
+    size: int  # bytes of the zip
+    sha256: str  # the zip's published SHA-256: a download or cache with other bytes is not used
+    out_dir: str  # the default --out_dir
+    detokenize: bool  # the default of --detokenize (with --split=wikitext)
+
+
+DATASETS = {
+    # the default: 103M words of Wikipedia, about 118M GPT-2 tokens of training text
+    "wikitext103": Dataset(
+        file="wikitext-103-raw-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
+              "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip"),
+        size=191_984_949, sha256="91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794",
+        out_dir="data/wikipedia", detokenize=False),
+    # the small one, for a first run on a CPU: 2M words, a 4.7 MB download; detokenized so that a tiny
+    # model's samples read as text rather than ` @-@ ` marks
+    "wikitext2": Dataset(
+        file="wikitext-2-raw-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+              "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip"),
+        size=4_721_645, sha256="ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
+        out_dir="data/wikitext2", detokenize=True),
+}
+DEFAULT_DATASET = "wikitext103"
 WIKITEXT_MEMBERS = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")  # matched by basename
 USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
 RETRY_WAIT_S = 2.0  # first wait between download attempts; doubles each time
@@ -191,22 +245,27 @@ def request_problem(error, host):
 
 
 def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
-    """Stream url into the file part, resuming from its current size with an HTTP Range request.
+    """Stream url into the file part, resuming from its current size with an HTTP Range request;
+    return the URL the bytes came from, after redirects (None if part was complete already).
 
     Timeouts, dropped connections and server errors (5xx) are retried; an unknown host name, an SSL
     failure or an HTTP 4xx answer would fail the same way again, so they raise PrepareError at once."""
     host = urlparse(url).netloc
     print(f"downloading {url}", file=sys.stderr)
+    final_url = url
     for attempt in range(1, retries + 1):
         done = os.path.getsize(part) if os.path.exists(part) else 0
         if expected_size and done == expected_size:
-            return  # complete already: a previous run stopped before the rename
+            return None  # complete already: a previous run stopped before the rename
         # identity encoding, so byte counts and ranges refer to the file itself
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         if done:
             headers["Range"] = f"bytes={done}-"
         try:
             with requests.get(url, headers=headers, stream=True, timeout=timeout) as response:
+                if response.url != final_url:  # redirected: say where the bytes come from
+                    final_url = response.url
+                    print(f"{host}: redirected to {final_url}", file=sys.stderr)
                 if response.status_code == 416:  # our .part is longer than the server's file
                     os.remove(part)
                     raise requests.RequestException("server rejected the resume range; starting over")
@@ -228,7 +287,7 @@ def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
                         percent = f" {100 * done / total:5.1f}%" if total else ""
                         progress.show(f"{host}: {done / 1e6:.1f} MB{percent}, {mb_s:.1f} MB/s")
             if total is None or done == total:
-                return
+                return final_url
             problem, may_pass = f"connection closed after {done:,} of {total:,} bytes", True
         except PrepareError as e:  # the server's answer will be the same next time
             problem, may_pass = str(e), False
@@ -246,35 +305,104 @@ def download(url, part, expected_size=None, retries=5, timeout=(10, 60)):
     raise PrepareError(f"no download attempt made (--retries {retries})")
 
 
-def check_zip(path, expected_size=None, delete_if_bad=True):
-    """Raise PrepareError unless path is a zip holding the three WikiText files."""
+class Expected(typing.NamedTuple):
+    """What a zip must be. None: not checked."""
+    size: int | None  # bytes
+    sha256: str | None
+    whose: str  # where the sha256 comes from, for messages: "the published sha256 of wikitext-2-raw-v1.zip"
+
+
+def file_sha256(path):
+    """The SHA-256 of the file at path, as 64 hex digits."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def examine_zip(path, expected):
+    """(problem, sha256) of the zip at path: what is wrong with it as a phrase (None if nothing) and its
+    SHA-256 (None when its size is wrong already). Checked in order: the size, the sha256, and that it
+    is a zip holding the three WikiText files."""
     size = os.path.getsize(path)
-    problem = None
-    if expected_size and size != expected_size:
-        problem = f"has {size:,} bytes, expected {expected_size:,}"
-    else:
-        try:
-            with zipfile.ZipFile(path) as zf:
-                names = {os.path.basename(name) for name in zf.namelist()}
-            missing = [m for m in WIKITEXT_MEMBERS if m not in names]
-            if missing:
-                problem = f"lacks {', '.join(missing)}"
-        except zipfile.BadZipFile as e:
-            problem = f"is not a valid zip ({e})"
-    if problem:
-        if delete_if_bad:  # so the next run starts the download from scratch
-            os.remove(path)
-            problem += "; deleted it"
-        raise PrepareError(f"{path} {problem}")
+    if expected.size is not None and size != expected.size:
+        return f"has {size:,} bytes, expected {expected.size:,}", None
+    digest = file_sha256(path)
+    if expected.sha256 is not None and digest != expected.sha256:
+        return f"has sha256 {digest}, not {expected.sha256}, {expected.whose}", digest
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = {os.path.basename(name) for name in zf.namelist()}
+    except zipfile.BadZipFile as e:
+        return f"is not a valid zip ({e})", digest
+    missing = [m for m in WIKITEXT_MEMBERS if m not in names]
+    return (f"lacks {', '.join(missing)}" if missing else None), digest
 
 
-def fetch_zip(urls, path, expected_size, retries):
-    """Return path holding a verified zip, downloaded from the first of urls that works."""
-    if os.path.exists(path):
-        with contextlib.suppress(PrepareError):  # a bad cached zip is deleted and fetched again
-            check_zip(path, expected_size)
-            print(f"using {path} (already downloaded)")
-            return path
+def cache_path(out_dir, url, dataset):
+    """Where a download is kept for the next run: under the dataset's own name for its own URLs (all
+    of which serve the one published file); for a --url, under its file name and a short hash of the
+    URL, so that two URLs that end in the same file name never share a cache."""
+    if url is None:
+        return os.path.join(out_dir, dataset.file)
+    stem, ext = os.path.splitext(os.path.basename(urlparse(url).path) or "download.zip")
+    return os.path.join(out_dir, f"{stem}-{hashlib.sha256(url.encode()).hexdigest()[:8]}{ext}")
+
+
+def origin_path(zip_path):
+    """The small json file kept beside a downloaded zip: the URL its bytes came from and their sha256."""
+    return zip_path + ".origin.json"
+
+
+def move_aside(path):
+    """Rename path to path.bad (or path.bad.1, ... when taken), never over a file; return the new name."""
+    bad = path + ".bad"
+    for n in itertools.count(1):
+        if not os.path.exists(bad):
+            os.replace(path, bad)
+            return bad
+        bad = f"{path}.bad.{n}"
+
+
+def cached_zip(path, expected):
+    """The origin of the zip kept at path (what origin_path() recorded) if it passes the check, else None.
+
+    Without an expected sha256 (a --url without --sha256), the cache must still have the sha256 recorded
+    when it was downloaded. A cache that fails is not used: it is renamed to *.bad, never deleted, since
+    the user may have put it there, and the reason is printed."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(origin_path(path)) as f:
+            origin = json.load(f)
+    except (OSError, ValueError):
+        origin = {"url": None, "sha256": None}  # a zip put there by hand, or by an older version of this script
+    if expected.sha256 is None:
+        expected = expected._replace(sha256=origin["sha256"], whose="the one recorded when it was downloaded")
+    problem, digest = examine_zip(path, expected)
+    if problem is None and expected.sha256 is None:
+        problem = f"has no record of its download in {origin_path(path)}, so its bytes cannot be checked"
+    if problem is None:
+        print(f"using {path} (already downloaded from {origin['url'] or 'an unrecorded URL'}; sha256 {digest})")
+        return {"url": origin["url"], "sha256": digest}
+    with writing(path):
+        bad = move_aside(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(origin_path(path))  # it described the file moved aside
+    print(f"warning: {path} {problem}: not used; renamed it to {bad}; downloading again", file=sys.stderr)
+    return None
+
+
+def fetch_zip(urls, path, expected, retries, hint):
+    """Make path hold a zip that passes the check, from the cache or from the first of urls that gives
+    one; return its origin: the URL its bytes finally came from (after redirects) and their sha256.
+
+    A download that fails the check is deleted: its bytes came from the network, maybe resumed onto a
+    partial file of another source, and the next run starts over."""
+    origin = cached_zip(path, expected)
+    if origin:
+        return origin
     failures = []
     part = path + ".part"
     # a failed write is not the server's fault: it ends the run (the next one resumes from part)
@@ -282,16 +410,19 @@ def fetch_zip(urls, path, expected_size, retries):
     with writing(part, after_failure="the next run resumes the download"):
         for url in urls:
             try:
-                download(url, part, expected_size, retries)
-                check_zip(part, expected_size)
+                final_url = download(url, part, expected.size, retries)
+                problem, digest = examine_zip(part, expected)
+                if problem:
+                    os.remove(part)
+                    raise PrepareError(f"{part} {problem}; deleted it")
+                origin = {"url": final_url, "sha256": digest}
+                # recorded before the zip takes its final name: a zip without its record is not trusted
+                cli.write_atomically(origin_path(path), lambda f: f.write(json.dumps(origin).encode()))
                 os.replace(part, path)
-                return path
+                return origin
             except PrepareError as e:
                 failures.append(f"{url}: {e}")
-    raise PrepareError(
-        "could not download the data:\n  " + "\n  ".join(failures) + "\n"
-        f"HINT: download {urls[0]} by hand and run `python prepare_wikipedia.py --zip FILE`, "
-        "or unzip it and run `python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
+    raise PrepareError(f"could not download the data: {'; '.join(failures)}; HINT: {hint}")
 
 
 # --------------------------------------------------------------------------- documents
@@ -516,17 +647,41 @@ def write_splits(train_docs, val_docs, temps, imap, detokenize_first, train_toke
     return {"train": train, "val": val}
 
 
-def lock_out_dir(out_dir):
-    """Hold out_dir/prepare.lock while this run writes there (closing the file releases it), so a
-    second run cannot overwrite or clean up its files; the lock ends with its process, however it ends."""
-    lock = open(os.path.join(out_dir, "prepare.lock"), "a+")
+DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
+
+
+def lock_data_dir(data_dir, shared):
+    """The lock between the runs that read a data folder and prepare_wikipedia.py, which writes it.
+
+    A run holds a shared lock (fcntl.LOCK_SH) on data_dir/data.lock for as long as it trains; any
+    number of runs can hold it together. prepare_wikipedia.py takes the same lock exclusively
+    (LOCK_EX) while it writes: it cannot while a run reads the folder, a run cannot start while it
+    writes, and two preparations exclude each other. Neither side waits (LOCK_NB).
+
+    Returns the open lock file, which holds the lock until it is closed (or its process ends, however
+    it ends), or None when the lock is held the other way."""
+    lock = open(os.path.join(data_dir, DATA_LOCK), "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
-                           "or pass another --out_dir") from None
+        return None
     return lock
+
+
+def lock_out_dir(out_dir):
+    """Hold out_dir's data lock exclusively while this run writes there, so that neither a run that
+    trains on the folder nor a second preparation sees its files change under it."""
+    lock = lock_data_dir(out_dir, shared=False)
+    if lock:
+        return lock
+    reader = lock_data_dir(out_dir, shared=True)  # taken: shared holders are runs, an exclusive one a preparation
+    if reader:
+        reader.close()
+        raise PrepareError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, DATA_LOCK)}), so its "
+                           "files cannot change now; HINT: wait for the run to end, or prepare into another --out_dir")
+    raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                       "or pass another --out_dir")
 
 
 def remove_stale_temps(out_dir):
@@ -643,6 +798,23 @@ def check_settings(args):
                         ("--max_chars", args.max_chars), ("--num_proc", args.num_proc), ("--retries", args.retries)]:
         if value is not None and value < 1:
             raise PrepareError(f"{flag} must be 1 or more, got {value}")
+    if args.input and (args.dataset or args.zip or args.url or args.sha256):
+        flag = next(f for f, v in [("--dataset", args.dataset), ("--zip", args.zip), ("--url", args.url),
+                                   ("--sha256", args.sha256)] if v)
+        raise PrepareError(f"{flag} names a zip to read, and --input names text files instead; HINT: give one of them")
+    if args.zip and args.url:
+        raise PrepareError("--zip names a zip on disk, --url one to download; HINT: give one of them")
+    if args.sha256 is not None:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256):
+            raise PrepareError(f"--sha256 must be 64 hexadecimal digits, got {args.sha256!r}")
+        if not (args.url or args.zip):
+            raise PrepareError("--sha256 pins the zip of a --url or a --zip; the datasets' own downloads are checked "
+                               "against their published sha256 already; HINT: drop --sha256")
+        args.sha256 = args.sha256.lower()
+    args.dataset_given = args.dataset is not None  # a --url with --dataset is a mirror of the published zip
+    args.dataset = args.dataset or DEFAULT_DATASET
+    if args.out_dir is None:
+        args.out_dir = DATASETS[args.dataset].out_dir
     if writeup and args.train_tokens is None:
         args.train_tokens = WRITEUP_TRAIN_TOKENS
     if writeup and args.val_tokens is None:
@@ -652,7 +824,45 @@ def check_settings(args):
     if not 0 < args.val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     if args.detokenize is None:
-        args.detokenize = writeup
+        args.detokenize = writeup or (not args.input and DATASETS[args.dataset].detokenize)
+
+
+def expected_zip(args, dataset):
+    """What the zip must be: the --sha256 given, else the dataset's published size and sha256; nothing
+    for a --url without --dataset, a file this script knows nothing of (its sha256 is printed and
+    recorded instead). A --zip is the dataset's (WikiText-103 unless --dataset says otherwise)."""
+    if args.sha256:
+        return Expected(size=None, sha256=args.sha256, whose="given by --sha256")
+    if args.url and not args.dataset_given:
+        return Expected(size=None, sha256=None, whose="")
+    return Expected(size=dataset.size, sha256=dataset.sha256, whose=f"the published sha256 of {dataset.file}")
+
+
+def given_zip_sha256(path, expected):
+    """The sha256 of a --zip that passes the check; a PrepareError that says what to do if it fails (the
+    file is the user's: it is left where it is)."""
+    if not os.path.isfile(path):
+        raise PrepareError(f"zip not found: {path}; HINT: check the path, or drop --zip")
+    problem, digest = examine_zip(path, expected._replace(size=None))  # the sha256 checks the size too
+    if problem is None:
+        return digest
+    known = [name for name, d in DATASETS.items() if d.sha256 == digest]
+    if known:
+        hint = f"it is the published {DATASETS[known[0]].file}: add --dataset {known[0]}"
+    elif expected.sha256 and digest:
+        hint = (f"if it is a zip of your own in WikiText's layout, pass --sha256 {digest} to use it; "
+                "if it should be the published one, download it again")
+    else:
+        hint = "give a zip that holds wiki.train.raw and wiki.valid.raw, or unzip yours and pass its files with --input"
+    raise PrepareError(f"{path} {problem}; HINT: {hint}")
+
+
+def download_hint(args, dataset, url):
+    """What to do when no URL gave a zip that passes the check."""
+    flags = "".join(f" --{flag} {value}" for flag, value in [("dataset", args.dataset_given and args.dataset),
+                                                               ("sha256", args.sha256)] if value)
+    return (f"download {url} by hand and run `python prepare_wikipedia.py{flags} --zip FILE`, or unzip it and run "
+            "`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
 
 
 def run(args):
@@ -674,18 +884,23 @@ def run(args):
         else:
             train_docs, val_docs = input_splits(args.input, args.val, args.val_fraction)
     else:
+        dataset = DATASETS[args.dataset]
+        expected = expected_zip(args, dataset)
         if args.zip:
-            if not os.path.isfile(args.zip):
-                raise PrepareError(f"zip not found: {args.zip}; HINT: check the path, or drop --zip")
-            check_zip(args.zip, delete_if_bad=False)
-            zip_path = source = args.zip
+            zip_path = args.zip
+            origin = {"sha256": given_zip_sha256(zip_path, expected)}
         else:
-            urls = [args.url] if args.url else WIKITEXT_URLS
-            name = os.path.basename(urlparse(urls[0]).path) or "download.zip"
-            expected_size = None if args.url else WIKITEXT_SIZE
-            zip_path = fetch_zip(urls, os.path.join(args.out_dir, name), expected_size, args.retries)
-            source = {"zip": zip_path, "urls": urls}
+            zip_path = cache_path(args.out_dir, args.url, dataset)
+            urls = [args.url] if args.url else list(dataset.urls)
+            origin = fetch_zip(urls, zip_path, expected, args.retries, download_hint(args, dataset, urls[0]))
+            origin["urls"] = urls
             t0 = time.time()  # the summary's speed is that of the text work, not of the download
+        if expected.sha256 is None:
+            print(f"sha256 of {zip_path}: {origin['sha256']} (not checked; pass --sha256 {origin['sha256']} to "
+                  "insist on these bytes next time)")
+        published = expected.sha256 == dataset.sha256  # the bytes are the dataset's published zip
+        source = {"dataset": args.dataset if published else None, "zip": zip_path, **origin,
+                  "expected_sha256": expected.sha256}
         train_docs = zip_documents(zip_path, "wiki.train.raw")
         val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
     settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
@@ -721,11 +936,18 @@ def prepare_data(argv):
                         help="wikitext: WikiText's own train and val files; writeup: the write-ups' token counts")
     parser.add_argument("--input", nargs="+", help="local text files to use instead of the download")
     parser.add_argument("--val", nargs="+", help="with --input: the files of the val split")
-    parser.add_argument("--zip", help="a WikiText-103 raw zip already on disk")
-    parser.add_argument("--url", help="download the zip from here (size checked only if the server sends one)")
-    parser.add_argument("--out_dir", default="data/wikipedia", help="gets train.bin, val.bin, meta.json and the zip")
+    parser.add_argument("--dataset", choices=list(DATASETS),
+                        help=f"the WikiText zip to download (default {DEFAULT_DATASET}); wikitext2 is the small one, "
+                             "for a CPU")
+    parser.add_argument("--zip", help="a WikiText raw zip already on disk (checked against --dataset's sha256)")
+    parser.add_argument("--url", help="download the zip from here (checked against --dataset's sha256 if --dataset "
+                                      "is given; else its sha256 is printed)")
+    parser.add_argument("--sha256", help="with --url or --zip: the zip's SHA-256; other bytes are refused")
+    parser.add_argument("--out_dir", help="gets train.bin, val.bin, meta.json and the zip (default: "
+                        + ", ".join(f"{d.out_dir} for {name}" for name, d in DATASETS.items()) + ")")
     parser.add_argument("--detokenize", action=argparse.BooleanOptionalAction,
-                        help="undo WikiText's tokenization marks (default: on with --split=writeup, else off)")
+                        help="undo WikiText's tokenization marks (default: on with --split=writeup or --dataset "
+                             "wikitext2, else off)")
     parser.add_argument("--train_tokens", type=int,
                         help=f"--split=writeup: training tokens (default {WRITEUP_TRAIN_TOKENS:,})")
     parser.add_argument("--val_tokens", type=int, help=f"--split=writeup: val tokens (default {WRITEUP_VAL_TOKENS:,})")

@@ -1,23 +1,31 @@
 """
-Tests for prepare_wikipedia.py: documents and splits on local text, the --max_chars cap, the
-write-ups' split (cut at the nearest document boundary), the WikiText detokenizer, refusing
-binary input, the download against a local HTTP server (resume, servers that ignore Range, bad
-zips, errors that are and are not retried), that an interrupted run (an exception, Ctrl-C, SIGTERM)
-or a failed write (a full disk, a read-only folder) leaves no output under the final names and an
-earlier set as it was, and the warning about a val split too small to estimate a loss on.
+Tests for prepare_wikipedia.py, and only for it: what belongs here is anything that module does,
+from reading text to the files it leaves in --out_dir. Fixtures that other test files need too go
+to conftest.py; tests of train.py's side of the data (data.py) go to that module's test file.
 
-    python -m pytest test_prepare.py
+Covered: documents and splits on local text, the --max_chars cap, the write-ups' split (cut at the
+nearest document boundary), the WikiText detokenizer, refusing binary input, the download against
+local HTTP servers (resume, servers that ignore Range, redirects, fallback URLs, bad zips, sha256
+checks and pins, caches reused only for their own source, errors that are and are not retried),
+the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM) or a failed write
+(a full disk, a read-only folder) leaves no output under the final names and an earlier set as it
+was, the lock on the data folder (a second preparation, a run that reads it), and the warning about
+a val split too small to estimate a loss on.
+
+    python -m pytest test_prepare_wikipedia.py
 
 Offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's GPT-2 files (see the README, Offline).
 """
 import argparse
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import http.server
 import io
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -65,7 +73,7 @@ def read_docs(path):
 
 def outputs(out_dir):
     """The files a run left in out_dir, but for the lock it holds while it runs."""
-    return sorted(name for name in os.listdir(out_dir) if name != "prepare.lock")
+    return sorted(name for name in os.listdir(out_dir) if name != pw.DATA_LOCK)
 
 
 def exit_message(argv):
@@ -206,7 +214,7 @@ PLAIN_LINES = [
 ]
 
 
-@pytest.mark.parametrize("wikitext, plain", zip(WIKITEXT_LINES, PLAIN_LINES))
+@pytest.mark.parametrize("wikitext, plain", list(zip(WIKITEXT_LINES, PLAIN_LINES)))
 def test_detokenize_wikitext_lines(wikitext, plain):
     assert pw.detokenize(wikitext) == plain
 
@@ -295,12 +303,15 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
 def test_writeup_split_from_the_zip_ignores_wiki_valid(tmp_path):
     zip_path = tmp_path / "wt.zip"
     zip_path.write_bytes(wikitext_zip(tmp_path))  # train.raw: ARTICLES[:8], valid.raw: ARTICLES[8:]
+    digest = hashlib.sha256(zip_path.read_bytes()).hexdigest()  # a zip of our own: its sha256 is given
     counts = token_counts(ARTICLES, detokenized=False)
     out = tmp_path / "out"
-    meta = pw.prepare_data(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--out_dir", str(out),
+    meta = pw.prepare_data(["--split=writeup", "--no-detokenize", "--zip", str(zip_path), "--sha256", digest,
+                            "--out_dir", str(out),
                     "--num_proc", "1", "--train_tokens", str(sum(counts[:2])), "--val_tokens", str(counts[2])])
     assert read_docs(out / "train.bin") == ARTICLES[:2] and read_docs(out / "val.bin") == [ARTICLES[2]]
-    assert meta["detokenize"] is False and meta["source"] == str(zip_path)
+    assert meta["detokenize"] is False
+    assert meta["source"] == {"dataset": None, "zip": str(zip_path), "sha256": digest, "expected_sha256": digest}
 
 
 def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
@@ -321,7 +332,8 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
 
 def test_writeup_defaults_are_the_write_ups_counts():
     args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
-                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None)
+                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None,
+                              dataset=None, zip=None, url=None, sha256=None, out_dir=None)
     pw.check_settings(args)
     assert (args.train_tokens, args.val_tokens, args.detokenize) == (38_276_830, 4_341_780, True)
     assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
@@ -438,6 +450,37 @@ def test_a_second_run_on_a_busy_out_dir_is_refused(tmp_path):
         holder.wait()
     pw.prepare_data(argv)
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]
+
+
+READER = """
+import fcntl, os, sys, time
+lock = open(os.path.join(sys.argv[1], "data.lock"), "a+")  # what train.py holds while it trains
+fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+print("reading", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_folder_a_run_reads_is_not_written(tmp_path):
+    out, earlier = earlier_set(tmp_path)
+    (out / "train.bin.tmp").write_bytes(b"a stale file, removed only by a run that may write here")
+    (path,) = write_files(tmp_path, [ARTICLES])
+    argv = ["--input", str(path), "--out_dir", str(out), "--num_proc", "1"]
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(out)], stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]  # two runs on one data folder: a shared lock admits both
+    try:
+        assert [reader.stdout.readline().strip() for reader in readers] == ["reading", "reading"]
+        assert exit_message(argv) == (
+            f"error: a run is training from {out} (it holds {out / 'data.lock'}), so its files cannot change now; "
+            "HINT: wait for the run to end, or prepare into another --out_dir")
+        assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier  # nothing written
+        assert outputs(out) == ["meta.json", "train.bin", "train.bin.tmp", "val.bin"]
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    pw.prepare_data(argv)  # the runs have ended
+    assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == ARTICLES
 
 
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
@@ -692,8 +735,8 @@ def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status,
 # --------------------------------------------------------------------------- download
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Serves server.files (bytes, or an HTTP error code), honouring Range unless told not to; logs
-    (path, Range, User-Agent)."""
+    """Serves server.files (bytes, an HTTP error code, or a URL to redirect to), honouring Range unless
+    told not to; logs (path, Range, User-Agent)."""
 
     def do_GET(self):
         server = self.server
@@ -701,6 +744,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data = server.files.get(self.path, 404)
         if isinstance(data, int):
             self.send_error(data)
+            return
+        if isinstance(data, str):  # moved elsewhere, as a mirror's front door does
+            self.send_response(302)
+            self.send_header("Location", data)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         start = 0
         if self.headers.get("Range") and server.honor_range:
@@ -720,25 +769,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def server():
+@contextlib.contextmanager
+def serving():
+    """A Handler server on 127.0.0.1, on a free port, for the duration of the block."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.files, srv.log, srv.honor_range, srv.drop_after = {}, [], True, None
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=5)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
 
 
-def wikitext_zip(tmp_path, padding=0):
-    """A small zip laid out like WikiText-103 raw; padding adds incompressible test-file bytes."""
+@pytest.fixture
+def server():
+    with serving() as srv:
+        yield srv
+
+
+@pytest.fixture
+def other_server():
+    """A second server, on another port: another host, as far as a URL is concerned."""
+    with serving() as srv:
+        yield srv
+
+
+def wikitext_zip(tmp_path, padding=0, folder="wikitext-103-raw", articles=ARTICLES):
+    """A small zip laid out like WikiText raw (train.raw: articles[:8], valid.raw: the rest); padding
+    adds incompressible test-file bytes."""
     path = tmp_path / "made.zip"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("wikitext-103-raw/wiki.train.raw", " \n" + "".join(ARTICLES[:8]))
-        zf.writestr("wikitext-103-raw/wiki.valid.raw", " \n" + "".join(ARTICLES[8:]))
-        zf.writestr("wikitext-103-raw/wiki.test.raw", np.random.default_rng(0).bytes(padding) + b"\n")
+        zf.writestr(f"{folder}/wiki.train.raw", " \n" + "".join(articles[:8]))
+        zf.writestr(f"{folder}/wiki.valid.raw", " \n" + "".join(articles[8:]))
+        zf.writestr(f"{folder}/wiki.test.raw", np.random.default_rng(0).bytes(padding) + b"\n")
     return path.read_bytes()
 
 
@@ -746,17 +812,37 @@ def url(server, path="/wt.zip"):
     return f"http://127.0.0.1:{server.server_port}{path}"
 
 
-def test_download_and_prepare(tmp_path, server):
-    server.files["/wt.zip"] = wikitext_zip(tmp_path)
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def publish(monkeypatch, name, urls, size, digest):
+    """Make the dataset called name one served by the test's servers, with the size and sha256 given."""
+    dataset = dataclasses.replace(pw.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
+    monkeypatch.setitem(pw.DATASETS, name, dataset)
+
+
+def cached(out, address):
+    """Where a --url's zip is kept in out."""
+    return pathlib.Path(pw.cache_path(str(out), address, None))
+
+
+def test_download_and_prepare(tmp_path, server, capsys):
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
     meta = pw.prepare_data(argv)
     assert server.log == [("/wt.zip", None, pw.USER_AGENT)]
-    assert (out / "wt.zip").read_bytes() == server.files["/wt.zip"] and not (out / "wt.zip.part").exists()
+    zip_path = cached(out, url(server))
+    assert zip_path.read_bytes() == data and not pathlib.Path(f"{zip_path}.part").exists()
     assert read_docs(out / "train.bin") == ARTICLES[:8]
     assert read_docs(out / "val.bin") == ARTICLES[8:]
-    assert meta["source"]["urls"] == [url(server)]
-    pw.prepare_data(argv)  # the verified zip is reused: no second request
+    assert meta["source"] == {"dataset": None, "zip": str(zip_path), "url": url(server), "sha256": sha256(data),
+                              "urls": [url(server)], "expected_sha256": None}
+    # a zip the script knows nothing of: its sha256 is printed, to pin it with next time
+    assert (f"sha256 of {zip_path}: {sha256(data)} (not checked; pass --sha256 {sha256(data)} to insist on these "
+            "bytes next time)") in capsys.readouterr().out
+    assert pw.prepare_data(argv)["source"] == meta["source"]  # the checked zip is reused: no second request
     assert len(server.log) == 1
 
 
@@ -765,17 +851,19 @@ def test_a_full_disk_during_the_download(tmp_path, server, monkeypatch):
     server.files["/wt.zip"] = data
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
-    break_open(monkeypatch, "wt.zip.part", errno.ENOSPC, room=100_000)  # full after 100 kB
+    part = pathlib.Path(f"{cached(out, url(server))}.part")
+    break_open(monkeypatch, part.name, errno.ENOSPC, room=100_000)  # full after 100 kB
     message = exit_message(argv)
-    assert message == (f"error: cannot write {out / 'wt.zip.part'}: no space left on device; the next run resumes "
+    assert message == (f"error: cannot write {part}: no space left on device; the next run resumes "
                        f"the download; HINT: {FULL}")
     assert len(server.log) == 1  # not retried, and no other URL tried: the server was not at fault
-    part = (out / "wt.zip.part").read_bytes()
-    assert 0 < len(part) <= 100_000 and data.startswith(part)  # what was downloaded is kept, and sound
+    kept = part.read_bytes()
+    assert 0 < len(kept) <= 100_000 and data.startswith(kept)  # what was downloaded is kept, and sound
     monkeypatch.undo()  # space freed
     pw.prepare_data(argv)
-    assert server.log[1][1] == f"bytes={len(part)}-"  # resumed
-    assert (out / "wt.zip").read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
+    assert server.log[1][1] == f"bytes={len(kept)}-"  # resumed
+    assert cached(out, url(server)).read_bytes() == data and read_docs(out / "val.bin") == ARTICLES[8:]
+
 
 def test_resume_from_part(tmp_path, server):
     data = wikitext_zip(tmp_path)
@@ -817,12 +905,11 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
     assert outputs(out) == []
     # a truncated download: wrong size when the size is known, a broken zip when it is not
     data = wikitext_zip(tmp_path)
-    for expected_size, problem in [(len(data), "expected"), (None, "not a valid zip")]:
-        truncated = tmp_path / "truncated.zip"
-        truncated.write_bytes(data[:len(data) // 2])
-        with pytest.raises(pw.PrepareError, match=problem):
-            pw.check_zip(str(truncated), expected_size)
-        assert not truncated.exists()
+    truncated = tmp_path / "truncated.zip"
+    truncated.write_bytes(data[:len(data) // 2])
+    for expected_size, problem in [(len(data), f"has {len(data) // 2:,} bytes, expected {len(data):,}"),
+                                   (None, "is not a valid zip (File is not a zip file)")]:
+        assert pw.examine_zip(str(truncated), pw.Expected(expected_size, None, ""))[0] == problem
 
 
 def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
@@ -842,9 +929,10 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=1)
+    origin = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), sha256(data), "the test's"),
+                          retries=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
-    assert open(path, "rb").read() == data
+    assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
 
 def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
@@ -873,8 +961,8 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    path = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), len(data), retries=5)
-    assert open(path, "rb").read() == data
+    pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), None, ""), retries=5, hint="")
+    assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
     assert failure == ["nonexistent.invalid: attempt 1/5 failed: cannot resolve the host name nonexistent.invalid "
@@ -906,3 +994,169 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
         thread.join(timeout=5)
         listener.close()
     assert len(connections) == 1  # one attempt only
+
+
+# --------------------------------------------------------------------------- WikiText-2, and what a zip must be
+
+def test_the_datasets_are_the_published_files():
+    wikitext2 = pw.DATASETS["wikitext2"]
+    assert wikitext2.urls == ("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+                              "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip")
+    assert (wikitext2.file, wikitext2.size, wikitext2.out_dir, wikitext2.detokenize) == (
+        "wikitext-2-raw-v1.zip", 4_721_645, "data/wikitext2", True)
+    assert wikitext2.sha256 == "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
+    wikitext103 = pw.DATASETS[pw.DEFAULT_DATASET]
+    assert (wikitext103.file, wikitext103.size, wikitext103.out_dir, wikitext103.detokenize) == (
+        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikipedia", False)  # today's default, unchanged
+    assert wikitext103.sha256 == "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
+    config = {}
+    with open(os.path.join(REPO, "config", "tiny_cpu.py")) as f:
+        exec(f.read(), config)  # a config file is plain Python
+    assert config["data_dir"] == wikitext2.out_dir  # the CPU quick start reads what --dataset wikitext2 writes
+
+
+def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikitext2, lands here
+    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    data = wikitext_zip(tmp_path, folder="wikitext-2-raw")
+    server.files["/wikitext-2-raw-v1.zip"] = data
+    urls = [url(server, "/gone.zip"), url(server, "/wikitext-2-raw-v1.zip")]  # the main host fails, the mirror works
+    out = tmp_path / "data" / "wikitext2"
+    argv = ["--dataset", "wikitext2", "--num_proc", "1"]
+    # the real size and hash: the server's 10 kB are refused before they are downloaded
+    publish(monkeypatch, "wikitext2", urls, 4_721_645, pw.DATASETS["wikitext2"].sha256)
+    message = exit_message(argv)
+    assert f"server offers {len(data):,} bytes, expected 4,721,645" in message
+    assert "`python prepare_wikipedia.py --dataset wikitext2 --zip FILE`" in message  # what to do
+    # the real hash pinned: downloaded, refused, deleted
+    publish(monkeypatch, "wikitext2", urls, len(data), pw.DATASETS["wikitext2"].sha256)
+    message = exit_message(argv)
+    part = "data/wikitext2/wikitext-2-raw-v1.zip.part"  # relative, as the default --out_dir is
+    published = "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
+    assert (f"{urls[1]}: {part} has sha256 {sha256(data)}, not {published}, the published sha256 of "
+            "wikitext-2-raw-v1.zip; deleted it") in message
+    assert message.startswith("error: could not download the data: ") and "\n" not in message
+    assert outputs(out) == []
+    # the hash replaced by the test's: it prepares, detokenized by default
+    publish(monkeypatch, "wikitext2", urls, len(data), sha256(data))
+    meta = pw.prepare_data(argv)
+    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
+    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
+    assert meta["detokenize"] is True and meta["split"] == "wikitext"
+    assert meta["source"] == {"dataset": "wikitext2", "zip": "data/wikitext2/wikitext-2-raw-v1.zip", "url": urls[1],
+                              "sha256": sha256(data), "urls": urls, "expected_sha256": sha256(data)}
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikitext-2-raw-v1.zip",
+                            "wikitext-2-raw-v1.zip.origin.json"]
+    assert "error" not in capsys.readouterr().out
+
+
+def test_wikitext2_download_resumes(tmp_path, server, monkeypatch):
+    data = wikitext_zip(tmp_path, folder="wikitext-2-raw", padding=100_000)
+    server.files["/wikitext-2-raw-v1.zip"] = data
+    publish(monkeypatch, "wikitext2", [url(server, "/wikitext-2-raw-v1.zip")], len(data), sha256(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "wikitext-2-raw-v1.zip.part").write_bytes(data[:30_000])  # what an interrupted run left
+    pw.prepare_data(["--dataset", "wikitext2", "--out_dir", str(out), "--num_proc", "1"])
+    assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", pw.USER_AGENT)]
+    assert (out / "wikitext-2-raw-v1.zip").read_bytes() == data
+    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]
+
+
+def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch, capsys):
+    data = wikitext_zip(tmp_path)
+    other = wikitext_zip(tmp_path, articles=[a.replace("History", "Mystery") for a in ARTICLES])
+    assert len(other) == len(data) and other != data  # the right size, and a sound zip of other text
+    server.files["/wikitext-103-raw-v1.zip"] = data
+    publish(monkeypatch, "wikitext103", [url(server, "/wikitext-103-raw-v1.zip")], len(data), sha256(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    zip_path = out / "wikitext-103-raw-v1.zip"
+    zip_path.write_bytes(other)
+    argv = ["--out_dir", str(out), "--num_proc", "1"]
+    meta = pw.prepare_data(argv)
+    assert (f"warning: {zip_path} has sha256 {sha256(other)}, not {sha256(data)}, the published sha256 of "
+            f"wikitext-103-raw-v1.zip: not used; renamed it to {zip_path}.bad; downloading again"
+            in capsys.readouterr().err)
+    assert (out / "wikitext-103-raw-v1.zip.bad").read_bytes() == other  # moved aside, not deleted
+    assert zip_path.read_bytes() == data and read_docs(out / "train.bin") == ARTICLES[:8]
+    assert meta["source"]["sha256"] == sha256(data) and len(server.log) == 1
+    zip_path.write_bytes(other)  # once more: a second .bad does not replace the first
+    pw.prepare_data(argv)
+    assert (out / "wikitext-103-raw-v1.zip.bad.1").read_bytes() == other and len(server.log) == 2
+
+
+def test_a_redirect_is_recorded(tmp_path, server, other_server, capsys):
+    other_server.files["/files/wt.zip"] = data = wikitext_zip(tmp_path)
+    server.files["/wt.zip"] = url(other_server, "/files/wt.zip")
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])
+    assert meta["source"]["url"] == url(other_server, "/files/wt.zip") and meta["source"]["urls"] == [url(server)]
+    redirected = f"127.0.0.1:{server.server_port}: redirected to {url(other_server, '/files/wt.zip')}"
+    assert redirected in capsys.readouterr().err
+    assert read_docs(out / "train.bin") == ARTICLES[:8]
+    # reused from the cache, the zip still names where its bytes came from
+    assert pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])["source"] == meta["source"]
+
+
+def test_a_second_url_with_the_same_file_name_has_a_cache_of_its_own(tmp_path, server):
+    server.files["/a/wt.zip"] = wikitext_zip(tmp_path)
+    server.files["/b/wt.zip"] = wikitext_zip(tmp_path, articles=ARTICLES[::-1])
+    out = tmp_path / "out"
+    first = pw.prepare_data(["--url", url(server, "/a/wt.zip"), "--out_dir", str(out), "--num_proc", "1"])
+    second = pw.prepare_data(["--url", url(server, "/b/wt.zip"), "--out_dir", str(out), "--num_proc", "1"])
+    assert [entry[0] for entry in server.log] == ["/a/wt.zip", "/b/wt.zip"]
+    assert read_docs(out / "train.bin") == ARTICLES[::-1][:8]  # the second URL's text
+    assert second["source"]["url"] == url(server, "/b/wt.zip")
+    assert second["source"]["sha256"] == sha256(server.files["/b/wt.zip"]) != first["source"]["sha256"]
+    assert cached(out, url(server, "/a/wt.zip")).read_bytes() == server.files["/a/wt.zip"]  # the first's, kept
+
+
+def test_sha256_pins_a_url(tmp_path, server):
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
+    out = tmp_path / "out"
+    argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
+    wrong = sha256(b"other bytes")
+    message = exit_message([*argv, "--sha256", wrong.upper()])  # either case
+    part = f"{cached(out, url(server))}.part"
+    assert message == (f"error: could not download the data: {url(server)}: {part} has sha256 {sha256(data)}, not "
+                       f"{wrong}, given by --sha256; deleted it; HINT: download {url(server)} by hand and run "
+                       f"`python prepare_wikipedia.py --sha256 {wrong} --zip FILE`, or unzip it and run "
+                       "`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
+    assert outputs(out) == []
+    meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
+    assert meta["source"]["sha256"] == meta["source"]["expected_sha256"] == sha256(data)
+    # a cached zip whose bytes changed since it was downloaded: refused, even with no --sha256
+    zip_path = cached(out, url(server))
+    zip_path.write_bytes(data[:-1] + b"!")
+    pw.prepare_data(argv)
+    assert pathlib.Path(f"{zip_path}.bad").exists() and zip_path.read_bytes() == data and len(server.log) == 3
+
+
+def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
+    zip_path = tmp_path / "mine.zip"
+    zip_path.write_bytes(data := wikitext_zip(tmp_path))
+    argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"]
+    message = exit_message(argv)  # checked against WikiText-103's published sha256
+    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {pw.DATASETS['wikitext103'].sha256}, the "
+                       f"published sha256 of wikitext-103-raw-v1.zip; HINT: if it is a zip of your own in WikiText's "
+                       f"layout, pass --sha256 {sha256(data)} to use it; if it should be the published one, download "
+                       "it again")
+    assert zip_path.read_bytes() == data  # the user's file, left as it was
+    meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
+    assert meta["source"]["sha256"] == sha256(data) and read_docs(tmp_path / "out" / "train.bin") == ARTICLES[:8]
+    # the published WikiText-2 zip, given without --dataset: the message says which flag is missing
+    publish(monkeypatch, "wikitext2", [], len(data), sha256(data))
+    assert exit_message(argv).endswith("HINT: it is the published wikitext-2-raw-v1.zip: add --dataset wikitext2")
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--input", "a.txt", "--dataset", "wikitext2"], "--dataset names a zip to read, and --input names text files"),
+    (["--input", "a.txt", "--sha256", "0" * 64], "--sha256 names a zip to read, and --input names text files"),
+    (["--zip", "a.zip", "--url", "http://127.0.0.1:9/a.zip"], "--zip names a zip on disk, --url one to download"),
+    (["--url", "http://127.0.0.1:9/a.zip", "--sha256", "abc"], "--sha256 must be 64 hexadecimal digits, got 'abc'"),
+    (["--dataset", "wikitext2", "--sha256", "0" * 64], "--sha256 pins the zip of a --url or a --zip"),
+])
+def test_zip_settings_that_contradict(tmp_path, flags, problem):
+    message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
+    assert message.startswith("error: ") and problem in message and "\n" not in message
