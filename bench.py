@@ -13,7 +13,7 @@ describe, on random tokens, after a warm-up. Settings are train.py's (config fil
 --compare runs all configs in one process, one step of each in turn, and prints each one's
 time over the first's, the median of the per-round ratios: a busy machine slows every
 config in a round alike, so the ratios hold where the milliseconds wander. --impl picks
-the future-attention code (model_future_attn.FUTURE_ATTN_IMPL); a comma list times the
+the future-attention code (model_future_attn.GPT.set_impl); a comma list times the
 future-attention configs once per implementation. On a CPU, compile is off unless asked
 for (it takes minutes there) and peak memory is the growth of the process's peak RSS.
 
@@ -58,7 +58,7 @@ BENCH_DEFAULTS = dict(
 )
 MODES = ("compare", "explain", "sweep_block_size", "splits", "profile")  # at most one per run
 BARE_FLAGS = {"--compare": "--compare=True", "--explain": "--explain=True", "--profile": "--profile=5"}
-IMPLS = ("auto", "readable", "fast", "flex")
+IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
 def parse_args(argv):
@@ -124,6 +124,8 @@ def build(label, config, impl, micro_steps=1):
     dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
+    if config["model_type"] == "future_attn":
+        model.set_impl(impl)
     optimizer = model.configure_optimizers(
         config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
     )
@@ -143,7 +145,6 @@ def sync(run):
 def step(run):
     """One timed optimizer step over run['micro_steps'] forward-backward passes of the batch
     (one, except for --splits); on CUDA also records the step's peak memory."""
-    model_future_attn.FUTURE_ATTN_IMPL = run["impl"]
     cuda = run["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(run["device"])
@@ -201,7 +202,6 @@ def report(run, bench, first=None):
 
 def explain(run):
     """Counts the graphs and graph breaks torch.compile makes of one training forward."""
-    model_future_attn.FUTURE_ATTN_IMPL = run["impl"]
     with run["autocast"]:
         result = torch._dynamo.explain(run["model"])(run["x"], run["y"])
     print(f"{run['label']}: {result.graph_count} graphs, {result.graph_break_count} graph breaks")

@@ -37,7 +37,6 @@ import torch
 
 import cli
 import configurator
-import model_future_attn
 import settings
 from cli import ConfigError, UserError
 
@@ -309,34 +308,30 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     model = build(model_type, model_args, seed)
     g = torch.Generator().manual_seed(seed)
     vocab_size, C = model_args["vocab_size"], model_args["block_size"]
-    saved_impl = model_future_attn.FUTURE_ATTN_IMPL
-    try:
-        for mode, T, impl in settings_of(model_type, C, model_args.get("future_kv", "learned")):
-            if impl:
-                model_future_attn.FUTURE_ATTN_IMPL = impl
-            setting = f"{mode} mode, T={T}" + (f", impl={impl}" if impl else "")
-            model.train(mode == "train")
-            tokens = torch.randint(vocab_size, (batch, T + 1), generator=g)
-            idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
-            t0 = time.perf_counter()
-            try:
-                leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
-            except ValueError as e:
-                if mode == "eval":
-                    raise
-                # training refuses some settings (future attention trains at T = block_size only)
-                log(f"  {setting:36s} skipped: the model refuses it ({str(e).splitlines()[0]})")
-                continue
-            if leak is None:
-                leak, grad_after = gradient_check(model, idx, targets, setting, positions)
-            if leak:
-                log(f"  {setting:36s} leaks ({leak.how} check)")
-                return leak
-            log(f"  {setting:36s} ok: earlier logits changed by at most {earlier:.1g} (the changed "
-                f"position's by {own:.2g} or more); gradient after i at most {grad_after:.1g} "
-                f"[{time.perf_counter() - t0:.1f} s]")
-    finally:
-        model_future_attn.FUTURE_ATTN_IMPL = saved_impl
+    for mode, T, impl in settings_of(model_type, C, model_args.get("future_kv", "learned")):
+        if impl:
+            model.set_impl(impl)
+        setting = f"{mode} mode, T={T}" + (f", impl={impl}" if impl else "")
+        model.train(mode == "train")
+        tokens = torch.randint(vocab_size, (batch, T + 1), generator=g)
+        idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
+        t0 = time.perf_counter()
+        try:
+            leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
+        except ValueError as e:
+            if mode == "eval":
+                raise
+            # training refuses some settings (future attention trains at T = block_size only)
+            log(f"  {setting:36s} skipped: the model refuses it ({str(e).splitlines()[0]})")
+            continue
+        if leak is None:
+            leak, grad_after = gradient_check(model, idx, targets, setting, positions)
+        if leak:
+            log(f"  {setting:36s} leaks ({leak.how} check)")
+            return leak
+        log(f"  {setting:36s} ok: earlier logits changed by at most {earlier:.1g} (the changed "
+            f"position's by {own:.2g} or more); gradient after i at most {grad_after:.1g} "
+            f"[{time.perf_counter() - t0:.1f} s]")
     return None
 
 

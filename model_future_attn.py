@@ -26,9 +26,10 @@ query i at offset o = m+1-i from its own token instead: k_i + K_offset[o-1], v_i
 
 Read top to bottom: future_attention computes exactly these lines (computed_future_attention
 the computed variant), FutureAttention is the layer, then the blocks, the config and the
-GPT. At the end of the file, two faster versions of future_attention (blocked, and
-FlexAttention on a GPU) compute the same function; test_future_attn_fast.py checks them
-against it.
+GPT. future_attn_kernels.py, beside this file, computes the same function faster (blocked,
+and FlexAttention on a GPU); FutureAttention.forward picks a version where it computes the
+attention, and test_future_attn_kernels.py checks the fast ones against future_attention.
+This file runs on its own too, with the readable version.
 """
 
 import inspect
@@ -38,6 +39,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+try:  # the faster versions of future_attention, when their file is beside this one
+    import future_attn_kernels as kernels
+except ImportError:
+    kernels = None
 
 # --------------------------------------------------------------------------------------
 # future attention (masks: True = may attend, everywhere in this file)
@@ -195,6 +201,9 @@ def future_attn_loss(out_future, out_future_star, loss_type):
     return (1.0 - (1.0 + cos) / 2.0).mean()
 
 
+IMPLS = ("auto", "readable", "fast", "flex")  # the versions FutureAttention.impl can name
+
+
 class FutureAttention(nn.Module):
 
     def __init__(self, config):
@@ -206,6 +215,7 @@ class FutureAttention(nn.Module):
         self.future_dim = config.future_dim
         self.loss_type = config.future_attn_loss_type
         self.detach_target = config.detach_future_ground_truth
+        self.impl = "auto"  # which version computes the attention (choose_impl); GPT.set_impl sets it
         hs = config.n_embd // config.n_head
         C = config.block_size
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
@@ -254,23 +264,50 @@ class FutureAttention(nn.Module):
         return future_attention_weights(q, k, self.K_future, self.K_future_bias,
                                         future_dim=self.future_dim, with_target=True)
 
+    def choose_impl(self, q, dropout_p):
+        """'readable', 'fast' or 'flex': the version that computes this call, by self.impl.
+
+        'auto' takes the readable one while dropout is on (the only one that drops out P_omni),
+        for computed future keys (the only version of them) and without future_attn_kernels.py;
+        elsewhere kernels.choose picks the faster version that applies."""
+        impl = self.impl
+        if impl not in IMPLS:
+            raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
+        if impl == "readable" or (impl == "auto" and (dropout_p > 0.0 or self.future_kv == "computed"
+                                                      or kernels is None)):
+            return "readable"
+        if self.future_kv == "computed":
+            raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
+                             f"use impl='readable' or 'auto'")
+        if kernels is None:
+            raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
+                             f"use impl='readable' or 'auto'")
+        return kernels.choose(impl, q, self.K_future, self.K_future_bias, dropout_p)
+
     def forward(self, x, with_target=False):
         """Returns (y, future_attn_loss); the loss is None unless with_target."""
         B, T, C = x.size()
         q, k, v = self.heads(x)
-        if self.future_kv == "computed":
-            future = dict(K_offset=self.K_offset, V_offset=self.V_offset, K_offset_bias=self.K_offset_bias,
-                          V_offset_bias=self.V_offset_bias, block_size=self.block_size)
+        dropout_p = self.dropout if self.training else 0.0
+        impl = self.choose_impl(q, dropout_p)
+        # the kernels for speed; the readable functions above wherever they do not apply (choose_impl)
+        if impl == "flex":  # FlexAttention's fused GPU kernels, O(T) memory
+            y, out_future, out_future_star = kernels.future_attention_flex(
+                q, k, v, self.K_future, self.V_future, self.V_future_bias, future_dim=self.future_dim,
+                with_target=with_target, detach_target=self.detach_target)
+        elif impl == "fast":  # one block of queries at a time, each with only the keys it reaches
+            y, out_future, out_future_star = kernels.future_attention_fast(
+                q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
+                future_dim=self.future_dim, with_target=with_target, detach_target=self.detach_target)
+        elif self.future_kv == "computed":
+            y, out_future, out_future_star = computed_future_attention(
+                q, k, v, self.K_offset, self.V_offset, self.K_offset_bias, self.V_offset_bias,
+                block_size=self.block_size, dropout_p=dropout_p, with_target=with_target)
         else:
-            future = dict(K_future=self.K_future, V_future=self.V_future, K_future_bias=self.K_future_bias,
-                          V_future_bias=self.V_future_bias)
-        # future_attention_auto (end of file) runs future_attention (or computed_future_attention)
-        # above, or a faster version of the same function
-        y, out_future, out_future_star = future_attention_auto(
-            q, k, v, **future, future_dim=self.future_dim, dropout_p=self.dropout if self.training else 0.0,
-            with_target=with_target, detach_target=self.detach_target,
-        )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+            y, out_future, out_future_star = future_attention(
+                q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
+                future_dim=self.future_dim, dropout_p=dropout_p, with_target=with_target)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads: (B, nh, T, hs) -> (B, T, C)
         y = self.resid_dropout(self.c_proj(y))
         loss = None
         if with_target:
@@ -458,6 +495,15 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def set_impl(self, impl):
+        """Which version computes every future-attention layer: 'auto' (the default), 'readable',
+        'fast' or 'flex' (FutureAttention.choose_impl). A setting of the run, not a GPTConfig
+        field: every version computes the same function, so checkpoints do not carry it."""
+        for block in self.transformer.h:
+            if block.future:
+                block.attn.impl = impl
+        return self
+
     def get_num_params(self):
         """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
         n_params = sum(p.numel() for p in self.parameters())
@@ -547,186 +593,3 @@ class GPT(nn.Module):
             idx_next = torch.multinomial(probs, num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-# --------------------------------------------------------------------------------------
-# faster future attention: the same function as future_attention, computed leaner.
-# future_attention_auto picks one; test_future_attn_fast.py checks each against future_attention.
-
-FUTURE_ATTN_IMPL = "auto"  # 'auto', 'readable', 'fast' or 'flex'; bench.py and tests set it
-
-
-def future_attention_auto(q, k, v, K_future=None, V_future=None, K_future_bias=None, V_future_bias=None,
-                          *, future_dim, dropout_p=0.0, with_target=False, detach_target=True,
-                          impl=None, K_offset=None, V_offset=None, K_offset_bias=None, V_offset_bias=None,
-                          block_size=None):
-    """future_attention by the implementation `impl` (None: FUTURE_ATTN_IMPL).
-
-    'auto' takes flex_attention on a GPU at the full context T = C (training, evaluation,
-    and generation once the window is full: one compiled kernel per model, where shorter
-    lengths would compile one each), without K_future_bias and with a head size that is
-    a power of 2 >= 16 (what its Triton kernels handle); the blocked 'fast' path everywhere
-    else; and the readable version while dropout is on, the only one that applies dropout
-    to P_omni itself. With detach_target, the fast paths compute out_future_star without a graph.
-    Given K_offset, V_offset (future_kv='computed') instead of K_future, V_future, it runs
-    computed_future_attention: only the readable version exists for computed future keys.
-    """
-    impl = impl or FUTURE_ATTN_IMPL
-    if impl not in ("auto", "readable", "fast", "flex"):
-        raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
-    if K_offset is not None:
-        if impl not in ("auto", "readable"):
-            raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
-                             f"use impl='readable' or 'auto'")
-        assert K_offset.size(1) == future_dim
-        return computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias, V_offset_bias,
-                                         block_size=block_size, dropout_p=dropout_p, with_target=with_target)
-    T, hs = q.size(2), q.size(-1)
-    if impl == "auto" and dropout_p > 0.0:
-        impl = "readable"
-    elif impl == "auto":
-        full_context = T == K_future.size(-1) + 1
-        flex_ok = q.is_cuda and full_context and K_future_bias is None and hs >= 16 and (hs & (hs - 1)) == 0
-        impl = "flex" if flex_ok else "fast"
-    if impl == "readable":
-        return future_attention(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                future_dim=future_dim, dropout_p=dropout_p, with_target=with_target)
-    if dropout_p > 0.0:
-        raise ValueError(f"impl={impl!r} has no attention dropout; use impl='readable' or 'auto'")
-    if impl == "flex":
-        if K_future_bias is not None:
-            raise ValueError("impl='flex' has no K_future_bias (bias=True); use impl='fast' or 'auto'")
-        return future_attention_flex(q, k, v, K_future, V_future, V_future_bias, future_dim=future_dim,
-                                     with_target=with_target, detach_target=detach_target)
-    return future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                 future_dim=future_dim, with_target=with_target,
-                                 detach_target=detach_target)
-
-
-_fast_plans = {}  # (T, C, future_dim, queries_per_block, device, dtype) -> list of blocks
-
-
-def fast_plan(T, C, future_dim, queries_per_block, device, dtype):
-    """Splits the queries into even blocks [a, b) and builds each block's masks, once.
-
-    Per block: kt, the keys the target reads (j <= b-1+future_dim); fb, the end of its
-    future columns (m+1 <= b-1+future_dim); `mask`, 0 where [A | A_future] may attend
-    and -inf elsewhere, over keys 0..b-1 then future columns a..fb-1; `band`, the same
-    for A* over keys 0..kt-1; `above`, 1 where j > i over keys a..kt-1 and 0 elsewhere:
-    the part of P* that out*_future sums.
-    """
-    key = (T, C, future_dim, queries_per_block, device, dtype)
-    if key not in _fast_plans:
-        n_blocks = -(-T // queries_per_block)
-        rows = -(-T // n_blocks)  # even blocks: T = 200 gives 4 x 50, not 64+64+64+8
-        blocks = []
-        for a in range(0, T, rows):
-            b = min(a + rows, T)
-            kt, fb = min(b + future_dim, T), min(b - 1 + future_dim, C - 1)
-            i = torch.arange(a, b, device=device).view(-1, 1)  # query positions
-            j = torch.arange(kt, device=device).view(1, -1)  # key positions
-            key_m = torch.arange(a + 1, fb + 1, device=device).view(1, -1)  # m + 1
-            allowed = torch.cat([j[:, :b] <= i, (key_m > i) & (key_m <= i + future_dim)], dim=1)
-            mask = torch.where(allowed, 0.0, float("-inf")).to(dtype)  # (Tb, b+F)
-            band = torch.where(j <= i + future_dim, 0.0, float("-inf")).to(dtype)  # (Tb, kt)
-            blocks.append((a, b, kt, fb, mask, band, (j[:, a:] > i).to(dtype)))
-        _fast_plans[key] = blocks
-    return _fast_plans[key]
-
-
-def future_attention_fast(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
-                          *, future_dim, with_target=False, detach_target=True, queries_per_block=64):
-    """future_attention without dropout, one block of queries at a time.
-
-    Queries a..b-1 see keys 0..b-1 and future columns a..b-2+future_dim only, so each
-    block computes just that rectangle: ONE matmul gives [A | A_future], one cached
-    additive mask and ONE softmax give P_omni, and its two slices give out_unmasked and
-    out_future. The target reuses the block's scores A and adds only the band's keys
-    b..kt-1 (a Tb x future_dim matmul). Per block and layer this keeps one score buffer
-    (masked in place) and P_omni, plus A* and P* for the target. On a CPU at T = 200,
-    future_dim = 50, the layer's forward and backward run about 2.5x faster than future_attention's.
-    """
-    B, H, T, hs = q.shape
-    C = K_future.size(-1) + 1
-    s = 1.0 / math.sqrt(hs)
-    q = q * s  # scale the (T, hs) queries instead of the (T, T+F) scores
-    K_future = K_future.transpose(-2, -1)  # (H, C-1, hs): future key m is row m
-    target_grad = torch.is_grad_enabled() and not detach_target
-    outs, outs_future, outs_future_star = [], [], []
-    for a, b, kt, fb, mask, band, above in fast_plan(T, C, future_dim, queries_per_block, q.device, q.dtype):
-        q_blk = q[:, :, a:b]  # (B, H, Tb, hs)
-        keys = torch.cat([k[:, :, :b], K_future[:, a:fb].expand(B, H, fb - a, hs)], dim=2)  # (B, H, b+F, hs)
-        A_omni = q_blk @ keys.transpose(-2, -1)  # (B, H, Tb, hs) @ (B, H, hs, b+F) -> (B, H, Tb, b+F)
-        if with_target:
-            with torch.set_grad_enabled(target_grad):
-                A_band = q_blk @ k[:, :, b:kt].transpose(-2, -1)  # (B, H, Tb, kt-b), keys past b-1
-                A_star = torch.cat([A_omni[..., :b], A_band], dim=-1).add_(band)  # (B, H, Tb, kt)
-                # out*_future sums over j > i >= a only: the columns a..kt-1 of P*
-                P_star = torch.softmax(A_star, dim=-1)[..., a:] * above  # (B, H, Tb, kt-a)
-                outs_future_star.append(P_star @ v[:, :, a:kt])  # (B, H, Tb, kt-a) @ (B, H, kt-a, hs)
-        if K_future_bias is not None:
-            zeros = torch.zeros(H, 1, b, device=q.device, dtype=mask.dtype)
-            mask = mask + torch.cat([zeros, K_future_bias[:, :, a:fb] * s], dim=-1)  # (H, Tb, b+F)
-        P_omni = torch.softmax(A_omni.add_(mask), dim=-1)  # masked in place: one buffer
-        P_unmasked, P_future = P_omni.split([b, fb - a], dim=-1)  # (B, H, Tb, b), (B, H, Tb, F)
-        out_future = P_future @ V_future[:, a:fb]  # (B, H, Tb, F) @ (H, F, hs) -> (B, H, Tb, hs)
-        if V_future_bias is not None:
-            out_future = out_future + V_future_bias
-        outs.append(P_unmasked @ v[:, :, :b] + out_future)  # (B, H, Tb, hs)
-        outs_future.append(out_future)
-    out_future_star = torch.cat(outs_future_star, dim=2) if with_target else None
-    return torch.cat(outs, dim=2), torch.cat(outs_future, dim=2), out_future_star
-
-
-_flex_attention_compiled = None  # torch.compile(flex_attention), made on first use on a GPU
-
-
-def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, future_dim,
-                          with_target=False, detach_target=True):
-    """future_attention through FlexAttention: fused kernels, O(T) memory (no T x T buffer).
-
-    One call over the keys [k ; K_future] with the joint mask, reading the values
-    [v, 0 ; V_future, V_future] of width 2hs, returns out and out_future side by side.
-    out*_future comes from one call over the keys [k ; k]: the first copy (values v) is
-    open on the band i < j <= i+future_dim, the second (values 0) on j <= i, so the
-    softmax spans j <= i+future_dim and only the band adds to the output. Masks only,
-    no score_mod: with both, gradients can be NaN at lengths that are not multiples of
-    128 (pytorch/pytorch#153799), which is why K_future_bias is left to the fast path.
-    """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    global _flex_attention_compiled
-    if torch.compiler.is_compiling() or not q.is_cuda:
-        flex = flex_attention  # inside a compiled model, or the CPU reference (tests)
-    else:
-        if _flex_attention_compiled is None:
-            _flex_attention_compiled = torch.compile(flex_attention)
-        flex = _flex_attention_compiled
-    B, H, T, hs = q.shape
-    C = K_future.size(-1) + 1
-    n_future = min(T - 1 + future_dim, C - 1)  # future columns any query reaches
-    K_fut = K_future[:, :, :n_future].transpose(-2, -1).to(q.dtype).expand(B, H, n_future, hs)  # (B, H, F, hs)
-    V_fut = V_future[:, :n_future].to(q.dtype).expand(B, H, n_future, hs)  # (B, H, F, hs)
-
-    def joint(b, h, i, j):  # key j < T is token j, key j >= T is future column j - T
-        m1 = j - T + 1
-        return ((j < T) & (j <= i)) | ((j >= T) & (m1 > i) & (m1 <= i + future_dim))
-
-    q = q.contiguous()  # inductor's CPU flex template wants a 4-d buffer, not a view of c_attn's output
-    keys = torch.cat([k, K_fut], dim=2)  # (B, H, T+F, hs)
-    values = torch.cat([torch.cat([v, torch.zeros_like(v)], dim=-1),
-                        torch.cat([V_fut, V_fut], dim=-1)], dim=2)  # (B, H, T+F, 2hs)
-    block_mask = create_block_mask(joint, None, None, T, T + n_future, device=q.device)
-    out, out_future = flex(q, keys, values, block_mask=block_mask).split(hs, dim=-1)  # (B, H, T, hs) x2
-    if V_future_bias is not None:
-        out, out_future = out + V_future_bias, out_future + V_future_bias
-
-    out_future_star = None
-    if with_target:
-        def band_then_causal(b, h, i, j):  # keys [k ; k]
-            return ((j < T) & (j > i) & (j <= i + future_dim)) | ((j >= T) & (j - T <= i))
-
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_target):
-            block_mask = create_block_mask(band_then_causal, None, None, T, 2 * T, device=q.device)
-            out_future_star = flex(q, torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2),
-                                   block_mask=block_mask)  # (B, H, T, hs)
-    return out, out_future, out_future_star

@@ -71,8 +71,8 @@ def test_check_runs_both_modes_and_lengths():
 def test_future_attention_runs_the_training_target_in_train_mode(monkeypatch):
     # the train-mode check must take the with_target path that training takes
     calls = []
-    original = model_future_attn.future_attention_auto
-    monkeypatch.setattr(model_future_attn, "future_attention_auto",
+    original = model_future_attn.future_attention
+    monkeypatch.setattr(model_future_attn, "future_attention",
                         lambda *a, **kw: calls.append(kw["with_target"]) or original(*a, **kw))
     model_type, model_args = checked_args("config/future50_mse.py")
     check_causal.check(model_type, model_args, log=silent)
@@ -199,10 +199,11 @@ def cross_attention_unmasked(self, encoder_x, decoder_x):
     return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
-def future_band_reads_real_keys(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
-                                *, future_dim, with_target=False, **ignored):
-    """Future attention whose band scores the real keys k_j, j = m+1, instead of K_future[:, m]."""
-    T = q.size(2)
+def future_band_reads_real_keys(self, x, with_target=False):
+    """FutureAttention's forward whose band scores the real keys k_j, j = m+1, instead of K_future[:, m]."""
+    B, T, C = x.size()
+    q, k, v = self.heads(x)  # (B, nh, T, hs)
+    K_future, V_future, future_dim = self.K_future, self.V_future, self.future_dim
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
     causal, band = j <= i, (j > i) & (j <= i + future_dim)
     A = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, T)
@@ -211,7 +212,8 @@ def future_band_reads_real_keys(q, k, v, K_future, V_future, K_future_bias=None,
     out = P.masked_fill(~causal, 0.0) @ v + out_future
     target = model_future_attn.future_attention(q, k, v, K_future, V_future, future_dim=future_dim,
                                                 with_target=with_target)[2]
-    return out, out_future, target
+    y = self.resid_dropout(self.c_proj(out.transpose(1, 2).reshape(B, T, C)))  # (B, nh, T, hs) -> (B, T, C)
+    return y, model_future_attn.future_attn_loss(out_future, target.detach(), self.loss_type) if with_target else None
 
 
 def computed_keys_of_the_next_token(q, k, K_offset, K_offset_bias=None, *, block_size, with_target=False):
@@ -231,7 +233,7 @@ PLANTED = {  # name: (module, attribute, replacement, config)
     "mask_one_key_too_wide": (model_baseline.CausalSelfAttention, "forward", mask_one_key_too_wide, "config/baseline.py"),
     "cross_attention_unmasked": (model_encdec.CausalCrossAttention, "forward", cross_attention_unmasked,
                                  "config/encdec_mse_possub.py"),
-    "future_band_reads_real_keys": (model_future_attn, "future_attention_auto", future_band_reads_real_keys,
+    "future_band_reads_real_keys": (model_future_attn.FutureAttention, "forward", future_band_reads_real_keys,
                                     "config/future50_mse.py"),
     "computed_keys_of_the_next_token": (model_future_attn, "computed_future_attention_weights",
                                         computed_keys_of_the_next_token, "config/future50_mse_computed.py"),

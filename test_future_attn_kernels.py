@@ -1,19 +1,32 @@
 """
-The fast future-attention paths against the readable one (model_future_attn.py).
+Tests of future_attn_kernels.py, the faster versions of future attention, against the
+readable one of model_future_attn.py; and of the choice between them (FutureAttention.impl,
+GPT.set_impl), including model_future_attn.py on its own, without the kernels beside it.
+A new kernel, or a new rule for which version runs, gets its tests here; the readable
+version's own tests are in test_models.py.
 
 future_attention is the reference: future_attention_fast must give the same out,
 out_future, out_future_star, losses and gradients (float32 tolerance), and a GPT must give
-the same logits, losses and gradients whichever implementation runs; the fast path must
+the same logits, losses and gradients whichever version runs; the fast path must
 be causal. future_attention_flex is checked forward only on a CPU (FlexAttention has no
 backward there); on a machine with a CUDA GPU the tests marked `cuda` also check its
 gradients, its compiled bf16 training step and its causality. Run:
-python -m pytest -q test_future_attn_fast.py
+python -m pytest -q test_future_attn_kernels.py
 """
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+import future_attn_kernels as kernels
 import model_future_attn as mf
 
 TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
@@ -68,7 +81,7 @@ def test_fast_matches_readable(T, C, future_dim, hs, bias, queries_per_block, wi
     kw = dict(future_dim=future_dim, with_target=with_target, detach_target=detach_target,
               loss_type=loss_type, seed=1)
     ref_outs, ref_loss, ref_grads = run_attention(mf.future_attention, inputs, **kw)
-    outs, loss, grads = run_attention(mf.future_attention_fast, inputs, fast_kw=dict(
+    outs, loss, grads = run_attention(kernels.future_attention_fast, inputs, fast_kw=dict(
         detach_target=detach_target, queries_per_block=queries_per_block), **kw)
     for name, a, b in zip(("out", "out_future", "out_future_star"), outs, ref_outs):
         if b is None:
@@ -88,7 +101,7 @@ def test_comparison_is_sensitive():
     # the comparison above must notice a wrong mask: one future key too many differs
     inputs = make_inputs(12, 12, 4, bias=False, seed=0)
     ref = mf.future_attention(*inputs, future_dim=3, with_target=True)
-    fast = mf.future_attention_fast(*inputs, future_dim=4, with_target=True)
+    fast = kernels.future_attention_fast(*inputs, future_dim=4, with_target=True)
     for a, b in zip(fast, ref):
         assert not torch.allclose(a, b, **TOL)
 
@@ -104,8 +117,8 @@ def test_flex_forward_matches_readable(T, C, future_dim, hs, with_v_bias):
     with torch.no_grad():
         ref = mf.future_attention(q, k, v, K_future, V_future, None, V_future_bias,
                                   future_dim=future_dim, with_target=True)
-        flex = mf.future_attention_flex(q, k, v, K_future, V_future, V_future_bias,
-                                        future_dim=future_dim, with_target=True)
+        flex = kernels.future_attention_flex(q, k, v, K_future, V_future, V_future_bias,
+                                             future_dim=future_dim, with_target=True)
     for name, a, b in zip(("out", "out_future", "out_future_star"), flex, ref):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
 
@@ -115,88 +128,27 @@ def test_fast_is_causal():
     q, k, v, K_future, V_future, K_future_bias, V_future_bias = make_inputs(40, 40, 4, bias=True, seed=3)
     i = 17
     with torch.no_grad():
-        before = mf.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                          future_dim=9, queries_per_block=8)
+        before = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
+                                               future_dim=9, queries_per_block=8)
         for x in (q, k, v):
             x[:, :, i + 1:] += 5.0
-        after = mf.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                         future_dim=9, queries_per_block=8)
+        after = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
+                                              future_dim=9, queries_per_block=8)
     for a, b in zip(before[:2], after[:2]):
         torch.testing.assert_close(a[:, :, :i + 1], b[:, :, :i + 1], rtol=0, atol=1e-6)
         assert not torch.allclose(a[:, :, i + 1:], b[:, :, i + 1:])  # the change did arrive
 
 
 # --------------------------------------------------------------------------------------
-# dispatch
+# which version runs: FutureAttention.impl ('auto' unless GPT.set_impl says otherwise)
 
 
-def spy(monkeypatch, name):
-    """Counts the calls of model_future_attn.<name>."""
+def spy(monkeypatch, module, name):
+    """Counts the calls of module.<name>."""
     calls = []
-    original = getattr(mf, name)
-    monkeypatch.setattr(mf, name, lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or original(*a, **kw))
     return calls
-
-
-def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
-    fast, readable = spy(monkeypatch, "future_attention_fast"), spy(monkeypatch, "future_attention")
-    q, k, v, K_future, V_future, _, _ = make_inputs(8, 8, 4, bias=False, seed=0)
-    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)
-    assert (len(fast), len(readable)) == (1, 0)
-    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, dropout_p=0.1)
-    assert (len(fast), len(readable)) == (1, 1)
-    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, impl="readable")
-    assert (len(fast), len(readable)) == (1, 2)
-
-
-def test_dispatch_errors():
-    q, k, v, K_future, V_future, K_future_bias, _ = make_inputs(8, 8, 4, bias=True, seed=0)
-    with pytest.raises(ValueError, match="unknown future attention impl"):
-        mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, impl="quick")
-    with pytest.raises(ValueError, match="no attention dropout"):
-        mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3, dropout_p=0.1, impl="fast")
-    with pytest.raises(ValueError, match="K_future_bias"):
-        mf.future_attention_auto(q, k, v, K_future, V_future, K_future_bias, future_dim=3, impl="flex")
-
-
-def computed_inputs(T, C, future_dim, hs, seed, B=2, H=3):
-    """q, k, v and the computed mode's K_offset, V_offset (H, future_dim, hs)."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, hs, generator=g) for _ in range(3))
-    return q, k, v, torch.randn(H, future_dim, hs, generator=g), torch.randn(H, future_dim, hs, generator=g)
-
-
-@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
-def test_auto_runs_the_readable_computed_attention(dropout_p, monkeypatch):
-    # future_kv='computed' has the readable version only: 'auto' and 'readable' take it
-    readable, fast = spy(monkeypatch, "computed_future_attention"), spy(monkeypatch, "future_attention_fast")
-    q, k, v, K_offset, V_offset = computed_inputs(8, 8, 3, 4, seed=0)
-    for impl in ("auto", "readable"):
-        torch.manual_seed(0)
-        got = mf.future_attention_auto(q, k, v, K_offset=K_offset, V_offset=V_offset, block_size=8, future_dim=3,
-                                       dropout_p=dropout_p, with_target=True, impl=impl)
-        torch.manual_seed(0)
-        expected = mf.computed_future_attention(q, k, v, K_offset, V_offset, block_size=8, dropout_p=dropout_p,
-                                                with_target=True)
-        for a, b in zip(got, expected):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert (len(readable), len(fast)) == (4, 0)  # two through auto, two direct
-
-
-@pytest.mark.parametrize("impl", ["fast", "flex"])
-def test_computed_future_keys_refuse_the_fast_paths(impl, monkeypatch):
-    q, k, v, K_offset, V_offset = computed_inputs(8, 8, 3, 4, seed=0)
-    with pytest.raises(ValueError, match=f"impl='{impl}' has no computed future keys"):
-        mf.future_attention_auto(q, k, v, K_offset=K_offset, V_offset=V_offset, block_size=8, future_dim=3, impl=impl)
-    # and so does a model forced onto them (bench.py --impl=fast), with a message that says what to use
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", impl)
-    model = tiny_gpt(future_kv="computed")
-    with pytest.raises(ValueError, match="future_kv='computed'.*use impl='readable' or 'auto'"):
-        model(torch.randint(50, (1, 16)))
-
-
-# --------------------------------------------------------------------------------------
-# the whole model
 
 
 def tiny_gpt(**overrides):
@@ -205,8 +157,139 @@ def tiny_gpt(**overrides):
     return mf.GPT(mf.GPTConfig(**dict(args, **overrides)))
 
 
-def forward_backward(model, idx, targets, impl, monkeypatch):
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", impl)
+def first_layer(**overrides):
+    """The first FutureAttention layer of a tiny_gpt (its weights initialized), and an input (2, 16, 24)."""
+    layer = tiny_gpt(**overrides).transformer.h[0].attn
+    return layer, torch.randn(2, 16, 24, generator=torch.Generator().manual_seed(0))
+
+
+def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
+    fast, readable = spy(monkeypatch, kernels, "future_attention_fast"), spy(monkeypatch, mf, "future_attention")
+    layer, x = first_layer(dropout=0.1)
+    assert layer.impl == "auto"
+    layer.eval()(x)  # no dropout outside training
+    assert (len(fast), len(readable)) == (1, 0)
+    layer.train()(x)  # dropout on P_omni: only the readable version has it
+    assert (len(fast), len(readable)) == (1, 1)
+    layer.impl = "readable"
+    layer.eval()(x)
+    assert (len(fast), len(readable)) == (1, 2)
+
+
+def test_dispatch_errors():
+    layer, x = first_layer(bias=True, dropout=0.1)
+    layer.impl = "quick"
+    with pytest.raises(ValueError, match="unknown future attention impl"):
+        layer(x)
+    layer.impl = "fast"
+    with pytest.raises(ValueError, match="no attention dropout"):
+        layer.train()(x)
+    layer.impl = "flex"
+    with pytest.raises(ValueError, match="K_future_bias"):
+        layer.eval()(x)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_auto_runs_the_readable_computed_attention(dropout_p, monkeypatch):
+    # future_kv='computed' has the readable version only: 'auto' and 'readable' take it
+    readable = spy(monkeypatch, mf, "computed_future_attention")
+    fast = spy(monkeypatch, kernels, "future_attention_fast")
+    layer, x = first_layer(future_kv="computed", dropout=dropout_p)
+    B, T, C = x.shape
+    for impl in ("auto", "readable"):
+        layer.impl = impl
+        torch.manual_seed(0)
+        got = layer(x, with_target=True)
+        torch.manual_seed(0)  # the same dropout masks, drawn in the same order
+        q, k, v = layer.heads(x)
+        out, out_future, out_future_star = mf.computed_future_attention(
+            q, k, v, layer.K_offset, layer.V_offset, block_size=T, dropout_p=dropout_p, with_target=True)
+        y = layer.resid_dropout(layer.c_proj(out.transpose(1, 2).reshape(B, T, C)))  # (B, nh, T, hs) -> (B, T, C)
+        expected = (y, mf.future_attn_loss(out_future, out_future_star.detach(), "mse"))
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert (len(readable), len(fast)) == (4, 0)  # two through the layer, two direct
+
+
+@pytest.mark.parametrize("impl", ["fast", "flex"])
+def test_computed_future_keys_refuse_the_fast_paths(impl):
+    layer, x = first_layer(future_kv="computed")
+    layer.impl = impl
+    with pytest.raises(ValueError, match=f"impl='{impl}' has no computed future keys"):
+        layer(x)
+    # and so does a model set onto them (bench.py --impl=fast), with a message that says what to use
+    model = tiny_gpt(future_kv="computed").set_impl(impl)
+    with pytest.raises(ValueError, match="future_kv='computed'.*use impl='readable' or 'auto'"):
+        model(torch.randint(50, (1, 16)))
+
+
+def test_set_impl_sets_every_future_layer_and_nothing_saved():
+    model = tiny_gpt(n_layer=4, start_layer=2, end_layer=3)
+    state_keys, args = set(model.state_dict()), dataclasses.asdict(model.config)
+    assert [getattr(block.attn, "impl", None) for block in model.transformer.h] == [None, "auto", "auto", None]
+    assert model.set_impl("fast") is model
+    assert [getattr(block.attn, "impl", None) for block in model.transformer.h] == [None, "fast", "fast", None]
+    # a setting of the run: checkpoints (state_dict, model_args) stay as they were
+    assert set(model.state_dict()) == state_keys and dataclasses.asdict(model.config) == args
+    assert "impl" not in args
+
+
+ALONE = """
+import importlib.util, json, math, os, sys
+import torch
+import model_future_attn as mf
+
+torch.set_num_threads(1)
+calls = []
+readable = mf.future_attention
+mf.future_attention = lambda *a, **kw: calls.append(1) or readable(*a, **kw)  # counts the readable path
+torch.manual_seed(0)
+model = mf.GPT(mf.GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16, future_dim=4))
+optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.99), "cpu")
+x = torch.randint(32, (4, 17))
+losses = []
+for _ in range(8):
+    _, loss, aux = model(x[:, :-1], x[:, 1:])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+try:
+    model.set_impl("fast")(x[:, :-1], x[:, 1:])
+    error = None
+except ValueError as e:
+    error = str(e)
+print(json.dumps(dict(
+    model_file=os.path.abspath(mf.__file__), kernels=mf.kernels,
+    others=[name for name in ("future_attn_kernels", "model_baseline", "settings")
+            if importlib.util.find_spec(name) is not None],
+    losses=losses, readable_calls=len(calls), error=error)))
+"""
+
+
+def test_the_model_file_runs_alone(tmp_path):
+    # model_future_attn.py copied by itself into an empty folder: it builds and trains with the readable version
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_future_attn.py"), tmp_path)
+    (tmp_path / "alone.py").write_text(ALONE)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # the repository is not on sys.path
+    done = subprocess.run([sys.executable, "alone.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["model_file"] == str(tmp_path / "model_future_attn.py")
+    assert result["kernels"] is None and result["others"] == []  # nothing of the repository in reach
+    losses = result["losses"]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    assert result["readable_calls"] == 2 * 8  # both future layers, every step
+    assert "impl='fast' needs future_attn_kernels.py" in result["error"]
+
+
+# --------------------------------------------------------------------------------------
+# the whole model
+
+
+def forward_backward(model, idx, targets, impl):
+    model.set_impl(impl)
     model.zero_grad(set_to_none=True)
     logits, loss, aux = model(idx, targets)
     loss.backward()
@@ -221,9 +304,9 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
     model = tiny_gpt(**overrides).train(training)
     g = torch.Generator().manual_seed(1)
     idx, targets = torch.randint(50, (3, 16), generator=g), torch.randint(50, (3, 16), generator=g)
-    ref = forward_backward(model, idx, targets, "readable", monkeypatch)
-    fast_calls = spy(monkeypatch, "future_attention_fast")
-    got = forward_backward(model, idx, targets, "fast", monkeypatch)
+    ref = forward_backward(model, idx, targets, "readable")
+    fast_calls = spy(monkeypatch, kernels, "future_attention_fast")
+    got = forward_backward(model, idx, targets, "fast")
     n_future_layers = model.config.end_layer - model.config.start_layer + 1
     assert len(fast_calls) == n_future_layers  # the fast path really ran
     torch.testing.assert_close(got[0], ref[0], **TOL)  # logits
@@ -237,9 +320,8 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_model_fast_is_causal(training, monkeypatch):
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "fast")
-    model = tiny_gpt().train(training)
+def test_model_fast_is_causal(training):
+    model = tiny_gpt().set_impl("fast").train(training)
     g = torch.Generator().manual_seed(2)
     idx, targets = torch.randint(50, (2, 16), generator=g), torch.randint(50, (2, 16), generator=g)
     assert_causal(model, idx, targets, positions=(0, 6, 14), vocab_size=50)
@@ -270,7 +352,7 @@ def on_cuda(inputs):
 
 def flex_as_readable(q, k, v, K_future, V_future, K_future_bias, V_future_bias, **kw):
     assert K_future_bias is None
-    return mf.future_attention_flex(q, k, v, K_future, V_future, V_future_bias, **kw)
+    return kernels.future_attention_flex(q, k, v, K_future, V_future, V_future_bias, **kw)
 
 
 @cuda
@@ -298,14 +380,15 @@ def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_ta
 
 @cuda
 def test_auto_picks_flex_on_cuda(monkeypatch):
-    flex, fast = spy(monkeypatch, "future_attention_flex"), spy(monkeypatch, "future_attention_fast")
-    q, k, v, K_future, V_future, K_future_bias, _ = on_cuda(make_inputs(8, 8, 16, bias=True, seed=0))
-    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)
+    flex, fast = spy(monkeypatch, kernels, "future_attention_flex"), spy(monkeypatch, kernels, "future_attention_fast")
+    sizes = dict(block_size=8, n_head=2, n_embd=32, future_dim=3)  # head size 16
+    layer = tiny_gpt(**sizes).transformer.h[0].attn.cuda()
+    x = torch.randn(2, 8, 32, device="cuda")
+    layer(x)
     assert (len(flex), len(fast)) == (1, 0)
-    mf.future_attention_auto(q, k, v, K_future, V_future, K_future_bias, future_dim=3)  # bias: fast
+    tiny_gpt(bias=True, **sizes).transformer.h[0].attn.cuda()(x)  # K_future_bias: fast
     assert (len(flex), len(fast)) == (1, 1)
-    q, k, v, K_future, V_future, _, _ = on_cuda(make_inputs(6, 8, 16, bias=False, seed=0))
-    mf.future_attention_auto(q, k, v, K_future, V_future, future_dim=3)  # T < C: fast
+    layer(x[:, :6])  # T < C: fast
     assert (len(flex), len(fast)) == (1, 2)
 
 
@@ -325,13 +408,13 @@ def test_compiled_bf16_flex_model_matches_readable(monkeypatch):
                                 future_dim=50)).cuda()
     g = torch.Generator().manual_seed(0)
     idx, targets = (torch.randint(512, (4, 200), generator=g).cuda() for _ in range(2))
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "readable")
+    model.set_impl("readable")
     model.zero_grad(set_to_none=True)
     _, ref_loss, ref_aux = model(idx, targets)  # float32, eager: the reference
     ref_loss.backward()
     ref_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "flex")
-    flex_calls = spy(monkeypatch, "future_attention_flex")
+    model.set_impl("flex")
+    flex_calls = spy(monkeypatch, kernels, "future_attention_flex")
     loss, aux, grads = compiled_step(model, idx, targets)
     assert flex_calls  # traced through the flex path
     torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=0)
@@ -344,11 +427,10 @@ def test_compiled_bf16_flex_model_matches_readable(monkeypatch):
 
 @cuda
 @pytest.mark.parametrize("training", [True, False])
-def test_compiled_flex_model_is_causal(training, monkeypatch):
+def test_compiled_flex_model_is_causal(training):
     torch._dynamo.reset()
-    monkeypatch.setattr(mf, "FUTURE_ATTN_IMPL", "flex")
     model = mf.GPT(mf.GPTConfig(vocab_size=512, block_size=200, n_layer=2, n_head=4, n_embd=64,
-                                future_dim=50)).cuda().train(training)
+                                future_dim=50)).cuda().train(training).set_impl("flex")
     g = torch.Generator().manual_seed(3)
     idx, targets = (torch.randint(512, (2, 200), generator=g).cuda() for _ in range(2))
     # both sides of the 128-wide kernel blocks
