@@ -499,6 +499,8 @@ class GPT(nn.Module):
         """Which version computes every future-attention layer: 'auto' (the default), 'readable',
         'fast' or 'flex' (FutureAttention.choose_impl). A setting of the run, not a GPTConfig
         field: every version computes the same function, so checkpoints do not carry it."""
+        if impl not in IMPLS:
+            raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
         for block in self.transformer.h:
             if block.future:
                 block.attn.impl = impl
