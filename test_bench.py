@@ -1,6 +1,6 @@
 """
 Tests of bench.py's tools that need no GPU: the kernel kinds of --profile, a CPU profile and
-a CPU --splits run of a small model end to end, and the MFU peak that hardware.peak_flops
+a CPU --splits run of a small model end to end, and the MFU peak that settings.peak_flops
 picks for the name a GPU reports.
 
     python -m pytest -q test_bench.py
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bench
-import hardware
+import settings
 
 # a small model so that a step takes milliseconds on a CPU
 SMALL = ["config/tiny_cpu.py", "--device=cpu", "--vocab_size=256", "--n_layer=2", "--n_embd=32",
@@ -181,12 +181,12 @@ def test_modes_do_not_mix(capsys):
 ])
 def test_peak_flops_by_device_name(name, flops, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert hardware.peak_flops("cuda") == flops
+    assert settings.peak_flops("cuda") == flops
 
 
 def test_an_unknown_gpu_gets_no_mfu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
-    assert hardware.peak_flops("cuda") is None
+    assert settings.peak_flops("cuda") is None
     assert "no bf16 peak known for NVIDIA GeForce RTX 4090, so MFU is not reported" in capsys.readouterr().out
 
 

@@ -18,7 +18,6 @@ import torch
 import bench
 import check_causal
 import data
-import hardware
 import sample
 import settings
 import train
@@ -81,8 +80,8 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
 
 LOCK_HOLDER = """
 import sys, time
-import run_dir
-lock = run_dir.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
+import checkpoint
+lock = checkpoint.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -262,7 +261,7 @@ def test_gpu_config_on_a_cpu_says_it_will_be_slow(capsys):
         with torch.device("meta"):  # the FLOP count needs the shapes only
             model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
         tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        hardware.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+        settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
         out = capsys.readouterr().out
         assert ("this config is sized for a GPU: 17 TFLOP per optimizer step" in out) == slow, out
         assert ("use config/tiny_cpu.py" in out) == slow

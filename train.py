@@ -39,8 +39,6 @@ import checkpoint
 import cli
 import configurator
 import data
-import hardware
-import run_dir
 import settings
 from cli import ConfigError, UserError
 
@@ -135,7 +133,7 @@ def run(config, rank, world_size, device, stop):
     tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
     model_args = settings.model_args_of(config)
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
+    dtype, autocast = settings.autocast_for(config["dtype"], device_type)
     config = dict(config, dtype=dtype)  # logged and saved as resolved
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on CUDA; no effect on a CPU
     torch.backends.cudnn.allow_tf32 = True
@@ -237,7 +235,7 @@ def evaluate_only(config, model, batch, autocast, iter_num):
                   data_dir=config["data_dir"], eval_iters=config["eval_iters"])
     print(f"evaluation only, of {config['out_dir']}/ckpt.pt at iteration {iter_num} on {config['data_dir']} "
           f"({config['eval_iters']} batches per split): train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    run_dir.append_record(os.path.join(config["out_dir"], "log.jsonl"), record)
+    checkpoint.append_record(os.path.join(config["out_dir"], "log.jsonl"), record)
     return dict(model=model, iter_num=iter_num, best_val_loss=None)
 
 
@@ -269,16 +267,16 @@ class Logger:
             import wandb  # check_before_writing made sure it is installed
             wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
             self.wandb = wandb
-        run_dir.end_line(log_path)
+        checkpoint.end_line(log_path)
         self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
                       init_from=config["init_from"], config=config, model_args=model_args))
-        self.flops_promised = hardware.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
+        self.flops_promised = settings.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
         if not config["device"].startswith("cuda"):
-            hardware.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+            settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
 
     def log(self, record):
-        run_dir.log_event(self.path, record)
+        checkpoint.log_event(self.path, record)
         if self.wandb and record["type"] == "eval":
             self.wandb.log({"iter": record["iter"], "train/loss": record["train_loss"], "val/loss": record["val_loss"]})
 
@@ -286,7 +284,7 @@ class Logger:
         """The train record of a step; dt is the mean seconds per step since the last one, over
         which this process ran forward and backward on `sequences` sequences per step."""
         mfu = self.flops_promised and self.model.estimate_mfu(sequences, dt, self.flops_promised)
-        run_dir.log_event(self.path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr, ms_per_iter=dt * 1000,
+        checkpoint.log_event(self.path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr, ms_per_iter=dt * 1000,
                                           tokens_per_s=self.tokens_per_iter / dt, mfu=mfu))
         if self.wandb:
             self.wandb.log({"iter": iter_num, "train/step_loss": loss, "lr": lr, "mfu": mfu,
@@ -385,7 +383,7 @@ def train(config):
         if rank == 0:  # rank 0 writes the out_dir, so it holds the lock
             try:
                 check_before_writing(config, world_size)
-                lock = run_dir.claim_out_dir(config)
+                lock = checkpoint.claim_out_dir(config)
             except UserError as e:
                 problem = e
         agree(problem, ddp=world_size > 1)
