@@ -267,16 +267,24 @@ def training_state(config, model_args, model, optimizer, scaler, iter_num, best_
                 scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter)
 
 
-def resume(path, config, model_args, model, optimizer, scaler, batch_generator, rank):
-    """Loads the checkpoint at path into the model, the optimizer, the fp16 scaler and this rank's
-    random states; returns (iter_num, best_val_loss, last_eval_iter)."""
+def load_resumable(path, config, model_args):
+    """The checkpoint at path, to resume the run config describes from: it must hold the training
+    state, of the model the config asks for."""
     checkpoint = load_checkpoint(path, TRAINING_KEYS)
     check_resume(checkpoint, config, model_args)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    # a checkpoint without last_eval_iter was saved right after its evaluation
+    checkpoint.setdefault("last_eval_iter", checkpoint["iter_num"])
+    return checkpoint
+
+
+def restore(checkpoint, model, optimizer, scaler, batch_generator, rank):
+    """Loads a load_resumable checkpoint into the model, the optimizer, the fp16 scaler and this
+    rank's random states; returns (iter_num, best_val_loss, last_eval_iter). The weights and
+    AdamW's state leave the checkpoint as they go in, so training does not hold them twice."""
+    model.load_state_dict(checkpoint.pop("model"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
     if checkpoint["scaler"]:  # empty when saved without fp16
         scaler.load_state_dict(checkpoint["scaler"])
     if rank < len(checkpoint["rng"]):  # ranks beyond the saving run's keep their fresh seeds
         set_rng_state(checkpoint["rng"][rank], batch_generator)
-    # a checkpoint without last_eval_iter was saved right after its evaluation
-    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint.get("last_eval_iter", checkpoint["iter_num"])
+    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint["last_eval_iter"]
