@@ -41,7 +41,6 @@ from torch.profiler import ProfilerActivity
 
 import cli
 import configurator
-import hardware
 import model_future_attn
 import settings
 
@@ -121,7 +120,7 @@ def build(label, config, impl, micro_steps=1):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast."""
     device = config["device"]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
+    dtype, autocast = settings.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
     if config["model_type"] == "future_attn":
@@ -350,7 +349,7 @@ def main(argv):
     device = runs[0][1]["device"]
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    bench["peak_flops"] = hardware.peak_flops(device) if cuda else None
+    bench["peak_flops"] = settings.peak_flops(device) if cuda else None
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
     print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")

@@ -1,33 +1,138 @@
 """
-Checkpoints: what train.py saves in its out_dir, and how it is read back (train.py to resume,
-sample.py and the other scripts to load a model).
+A run's folder, out_dir, and the files train.py writes there; how they are read back (train.py
+to resume, sample.py and the other scripts to load a model, report.py and study.py the log).
 
-    out_dir/ckpt.pt  the latest state: written at every evaluation, at the end, and when a
-                     signal stops the run. Model, AdamW's state, the config, the iteration,
-                     the best val loss so far, and every random state training reads, one
-                     per process, so that a resumed run draws exactly what an unbroken one
-                     would. train.py resumes from it.
-    out_dir/best.pt  the model of the evaluation with the lowest val loss (no optimizer
-                     state). sample.py and visualize.py load it unless told otherwise.
+    out_dir/train.lock  held while train.py runs: one process per folder, named in the file.
+    out_dir/log.jsonl   JSON lines: a "start" record per launch, "train" records every
+                        log_interval steps, "eval" records at every loss estimate, and an
+                        "eval_only" record for each --eval_only evaluation (kept apart from
+                        the run's own).
+    out_dir/ckpt.pt     the latest state: written at every evaluation, at the end, and when a
+                        signal stops the run. Model, AdamW's state, the config, the iteration,
+                        the best val loss so far, and every random state training reads, one
+                        per process, so that a resumed run draws exactly what an unbroken one
+                        would. train.py resumes from it.
+    out_dir/best.pt     the model of the evaluation with the lowest val loss (no optimizer
+                        state). sample.py and visualize.py load it unless told otherwise.
 
-Both are dicts of plain tensors and Python values (torch.load with weights_only=True reads
-them), written under a temporary name and then renamed: a crash, a full disk or a second
+The checkpoints are dicts of plain tensors and Python values (torch.load with weights_only=True
+reads them), written under a temporary name and then renamed: a crash, a full disk or a second
 Ctrl-C mid-save leaves the previous file whole.
 """
 
+import fcntl
+import json
 import os
 import random
+import socket
+import time
+from contextlib import suppress
 
 import numpy as np
 import torch
 
 import settings
-from cli import UserError, write_atomically
+from cli import UserError, write_atomically, write_problem
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
 TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")  # and last_eval_iter, absent in older files
 FILES = {"latest": "ckpt.pt", "best": "best.pt"}
+RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
+
+
+# --------------------------------------------------------------------------------------
+# the run's folder: one run per folder, one process at a time
+
+
+def claim_out_dir(config):
+    """Create and lock out_dir for this process; returns the open lock file (closing it unlocks).
+
+    A second process on the same folder is refused, naming the holder. The lock is the
+    kernel's (flock), so it ends with its process, however that dies (kill -9 included).
+    A new run (init_from='scratch') refuses a folder that holds a run unless overwrite=True."""
+    out_dir = config["out_dir"]
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    except OSError as e:
+        raise UserError(f"cannot create out_dir {out_dir} ({e.strerror}): choose another --out_dir") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise UserError(f"{out_dir} is in use by {holder}: wait for it to end, or choose another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"train.py (process {os.getpid()} on {socket.gethostname()})\n")
+    lock.flush()
+    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a save that was killed (kill -9)
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
+    existing = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
+    if config["init_from"] == "scratch" and existing:
+        if not config["overwrite"]:
+            lock.close()
+            if "ckpt.pt" not in existing:  # nothing to resume from
+                raise UserError(f"{out_dir} holds the log of a run that stopped before its first checkpoint: start "
+                                f"it again with --overwrite=True (deletes {', '.join(existing)}), or use another --out_dir")
+            raise UserError(
+                f"{out_dir} already holds a run ({', '.join(existing)}): continue it with --init_from=resume, "
+                f"start this one in another --out_dir, or replace it with --overwrite=True (deletes {', '.join(existing)})"
+            )
+        for name in existing:
+            os.remove(os.path.join(out_dir, name))
+        print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
+    return lock
+
+
+# --------------------------------------------------------------------------------------
+# the log
+
+
+def end_line(path):
+    """A launch killed mid-record leaves a partial last line: start the next records on a new one."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            f.write(b"\n")
+
+
+def append_record(path, record):
+    """Append one record (with the time) to the log as a JSON line."""
+    record = dict(record, time=time.time())
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        raise UserError(write_problem(path, e)) from None
+
+
+def log_event(path, record):
+    """Print one record and append it as a JSON line."""
+    kind = record["type"]
+    if kind == "start":
+        c = record["config"]
+        print(f"{record['model_type']}: {record['num_params']:,} parameters; world size {record['world_size']}")
+        print(f"tokens per iteration: {c['gradient_accumulation_steps']} micro-steps × {c['batch_size']} "
+              f"sequences × {c['block_size']} tokens = {record['tokens_per_iter']:,}")
+    elif kind == "train":
+        aux = "".join(f", {k} {v:.4f}" for k, v in record["aux"].items() if not isinstance(v, list))
+        mfu = f", mfu {record['mfu'] * 100:.1f}%" if record.get("mfu") is not None else ""
+        print(f"iter {record['iter']}: loss {record['loss']:.4f}{aux}, lr {record['lr']:.2e}, "
+              f"{record['ms_per_iter']:.1f} ms/iter, {record['tokens_per_s']:,.0f} tokens/s{mfu}")
+    else:
+        best = ", the best so far" if record["best"] else f" (best {record['best_val_loss']:.4f})"
+        print(f"eval at iter {record['iter']}: train loss {record['train_loss']:.4f}, "
+              f"val loss {record['val_loss']:.4f}{best}")
+    append_record(path, record)
+
+
+# --------------------------------------------------------------------------------------
+# checkpoints: random states, saving, loading
 
 
 def get_rng_state(batch_generator):
@@ -131,6 +236,10 @@ def model_from_checkpoint(checkpoint):
     return model
 
 
+# --------------------------------------------------------------------------------------
+# resuming: what ckpt.pt and best.pt hold, and reading ckpt.pt back into a run
+
+
 def check_resume(checkpoint, config, model_args):
     """The checkpoint must hold the model the config asks for."""
     if checkpoint["model_type"] != config["model_type"]:
@@ -158,16 +267,24 @@ def training_state(config, model_args, model, optimizer, scaler, iter_num, best_
                 scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter)
 
 
-def resume(path, config, model_args, model, optimizer, scaler, batch_generator, rank):
-    """Loads the checkpoint at path into the model, the optimizer, the fp16 scaler and this rank's
-    random states; returns (iter_num, best_val_loss, last_eval_iter)."""
+def load_resumable(path, config, model_args):
+    """The checkpoint at path, to resume the run config describes from: it must hold the training
+    state, of the model the config asks for."""
     checkpoint = load_checkpoint(path, TRAINING_KEYS)
     check_resume(checkpoint, config, model_args)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    # a checkpoint without last_eval_iter was saved right after its evaluation
+    checkpoint.setdefault("last_eval_iter", checkpoint["iter_num"])
+    return checkpoint
+
+
+def restore(checkpoint, model, optimizer, scaler, batch_generator, rank):
+    """Loads a load_resumable checkpoint into the model, the optimizer, the fp16 scaler and this
+    rank's random states; returns (iter_num, best_val_loss, last_eval_iter). The weights and
+    AdamW's state leave the checkpoint as they go in, so training does not hold them twice."""
+    model.load_state_dict(checkpoint.pop("model"))
+    optimizer.load_state_dict(checkpoint.pop("optimizer"))
     if checkpoint["scaler"]:  # empty when saved without fp16
         scaler.load_state_dict(checkpoint["scaler"])
     if rank < len(checkpoint["rng"]):  # ranks beyond the saving run's keep their fresh seeds
         set_rng_state(checkpoint["rng"][rank], batch_generator)
-    # a checkpoint without last_eval_iter was saved right after its evaluation
-    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint.get("last_eval_iter", checkpoint["iter_num"])
+    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint["last_eval_iter"]

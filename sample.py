@@ -23,7 +23,7 @@ import cli
 import configurator
 from checkpoint import load_checkpoint, model_from_checkpoint, model_path
 from cli import ConfigError, UserError
-from hardware import DTYPES, autocast_for, check_device
+from settings import DTYPES, autocast_for, check_device
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from

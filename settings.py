@@ -1,22 +1,40 @@
 """
-train.py's settings: the defaults, a config file plus --key=value flags made into one checked
-dict, and the model's own fields (each model's GPTConfig). sample.py, bench.py, study.py,
-report.py and check_causal.py read configs through here too.
+train.py's settings and the machine they run on: the defaults, a config file plus --key=value
+flags made into one checked dict, the model's own fields (each model's GPTConfig), and the
+device, dtype and autocast those settings choose, with the GPU's peak FLOP/s that model FLOPs
+utilization (MFU) is measured against. sample.py, bench.py, study.py, report.py and
+check_causal.py read configs through here too.
 
     config = settings.get_config(["config/future50_mse.py", "--batch_size=25"])
     model_args = settings.model_args_of(config)      # the GPTConfig fields, resolved
+    dtype, autocast = settings.autocast_for(config["dtype"], "cuda")
 """
 
 import dataclasses
 import json
+from contextlib import nullcontext
+
+import torch
 
 import configurator
 import data
-import hardware
 import model_baseline
 import model_encdec
 import model_future_attn
 from cli import ConfigError
+
+DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# dense bf16 tensor-core FLOP/s (without 2:4 sparsity) for MFU, by a part of the name that
+# torch.cuda.get_device_name reports, any case; the first match wins, so variants come first
+PEAK_FLOPS = (
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
+    ("H200 NVL", 835e12),
+    ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
+    ("A100", 312e12),  # SXM and PCIe alike
+)
 
 MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
 
@@ -52,12 +70,16 @@ DEFAULTS = dict(
     lr_decay_iters=700_000,  # far beyond max_iters in the write-ups: the rate stays near its peak
     min_lr=9e-5,
     # system
-    device=hardware.DEFAULT_DEVICE,  # 'cpu', 'cuda', 'cuda:1', ...
+    device=DEFAULT_DEVICE,  # 'cpu', 'cuda', 'cuda:1', ...
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
     compile=True,  # torch.compile the model (set False on a CPU: compiling takes minutes there)
     backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
     seed=1337,
 )
+
+
+# --------------------------------------------------------------------------------------
+# the config: defaults, a file and flags, checked
 
 
 def default_config(model_type):
@@ -78,14 +100,14 @@ def get_config(argv):
     if "model_type" in overrides:
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
     config = configurator.merge(default_config(model_type), files, overrides)
-    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", hardware.DTYPES)):
+    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", DTYPES)):
         if config[key] not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
     check_optimizer_settings(config)
-    hardware.check_device(config["device"])
+    check_device(config["device"])
     return config
 
 
@@ -123,6 +145,10 @@ def usage(doc, argv):
         "--model_type=... --help lists another model's.")
 
 
+# --------------------------------------------------------------------------------------
+# the model's fields, and the model
+
+
 def model_args_of(config):
     """The chosen model's GPTConfig fields, resolved by the dataclass (None defaults filled in)."""
     module = MODELS[config["model_type"]]
@@ -147,3 +173,57 @@ def build_model(model_type, model_args):
     """The GPT of model_<model_type>.py with these GPTConfig fields, freshly initialized."""
     module = MODELS[model_type]
     return module.GPT(module.GPTConfig(**model_args))
+
+
+# --------------------------------------------------------------------------------------
+# the machine: device, dtype and autocast, GPU peaks
+
+
+def check_device(device):
+    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has no CUDA): use --device=cpu")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
+                              f"cuda:{torch.cuda.device_count() - 1}")
+
+
+def autocast_for(dtype, device_type):
+    """(dtype name, autocast context); 'auto' = bf16 (fp16 if unsupported) on CUDA, fp32 on a CPU."""
+    if dtype == "auto":
+        if device_type == "cuda":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            dtype = "float32"
+    if dtype == "float32":
+        return dtype, nullcontext()
+    return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def peak_flops(device):
+    """The GPU's peak FLOP/s from PEAK_FLOPS; None (no MFU) for a GPU not listed there."""
+    name = torch.cuda.get_device_name(device)
+    for part, flops in PEAK_FLOPS:
+        if part.lower() in name.lower():
+            return flops
+    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in settings.py")
+    return None
+
+
+def warn_if_slow_on_cpu(config, flops_per_iter):
+    """Say at once when a config sized for a GPU starts on a CPU, rather than after its first step."""
+    if flops_per_iter > 1e12:
+        print(f"note: this config is sized for a GPU: {flops_per_iter / 1e12:,.0f} TFLOP per optimizer step "
+              f"({config['gradient_accumulation_steps']} × {config['batch_size']} sequences of {config['block_size']} "
+              f"tokens), tens of seconds to minutes per step on a CPU, and max_iters is {config['max_iters']:,}; "
+              f"for a first run on a CPU use config/tiny_cpu.py")
+    if config["compile"]:
+        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")

@@ -24,7 +24,7 @@ import model_baseline
 import model_encdec
 import model_future_attn
 import settings
-from test_models import MODELS, TINY
+from conftest import MODEL_VARIANTS, TINY_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -52,10 +52,10 @@ def test_every_config_is_causal(path):
 MODULE_TYPES = {module: name for name, module in settings.MODELS.items()}
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODEL_VARIANTS)
 def test_every_option_is_causal(name):
-    module, options = MODELS[name]  # test_models' list of every option that changes the forward
-    model_args = dataclasses.asdict(module.GPTConfig(**{**TINY, **options}))
+    module, options = MODEL_VARIANTS[name]  # conftest's list of every option that changes the forward
+    model_args = dataclasses.asdict(module.GPTConfig(**{**TINY_MODEL, **options}))
     assert check_causal.check(MODULE_TYPES[module], model_args, log=silent) is None
 
 

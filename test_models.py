@@ -16,42 +16,14 @@ from torch.utils.flop_counter import FlopCounterMode
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
+from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL
 
-VOCAB = 61
-C = 12  # block_size of the tiny models
-TINY = dict(vocab_size=VOCAB, block_size=C, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the tiny models
 
 
 def tiny(module, **overrides):
     torch.manual_seed(0)
-    return module.GPT(module.GPTConfig(**{**TINY, **overrides}))
-
-
-# every model and every option that changes the forward pass (or the training loss)
-MODELS = {
-    "baseline": (base, {}),
-    "baseline_bias": (base, dict(bias=True)),
-    "baseline_sub_yes_ln_bias": (base, dict(sub_pos="yes_ln", bias=True)),  # 'yes', then a LayerNorm
-    "fa_full": (fa, {}),
-    "fa_fd1": (fa, dict(future_dim=1)),
-    "fa_fd3_cosine": (fa, dict(future_dim=3, future_attn_loss_type="cosine")),
-    "fa_layer2_only": (fa, dict(n_layer=3, start_layer=2, end_layer=2, future_dim=4)),
-    "fa_bias": (fa, dict(bias=True, future_dim=5)),
-    "fa_not_detached": (fa, dict(future_dim=3, detach_future_ground_truth=False)),
-    "fa_computed": (fa, dict(future_kv="computed")),
-    "fa_computed_fd3_bias": (fa, dict(future_kv="computed", future_dim=3, bias=True)),
-    "ed_default": (ed, {}),
-    "ed_sub_no": (ed, dict(sub_pos="no")),
-    "ed_sub_yes_ln": (ed, dict(sub_pos="yes_ln")),
-    "ed_alt": (ed, dict(order="alt")),
-    "ed_add_pos": (ed, dict(add_pos_to_decoder=True, sub_pos="no")),
-    "ed_ln_bridge_bias": (ed, dict(ln_before_bridge=True, bias=True, cross_n_head=2)),
-    "ed_loss_none": (ed, dict(embedding_loss_type="none", ln_encoder_out=False)),
-    "ed_cosine_detach_emb": (ed, dict(embedding_loss_type="cosine", detach="embedding")),
-    "ed_logcos_avg": (ed, dict(embedding_loss_type="log_cosine", embedding_ln="avg", detach="none")),
-    "ed_mse_no_ln": (ed, dict(embedding_ln="none", ln_encoder_out=False)),
-    "ed_enc3_dec1": (ed, dict(n_layer_encoder=3, n_layer_decoder=1)),
-}
+    return module.GPT(module.GPTConfig(**{**TINY_MODEL, **overrides}))
 
 
 def full_logits(model, idx):
@@ -70,69 +42,14 @@ def full_logits(model, idx):
 
 
 # --------------------------------------------------------------------------------------
-# parameter counts: the write-ups' configurations, built from GPTConfig directly
-
-SEED_SHAPE = dict(vocab_size=50257, block_size=200, bias=False, dropout=0.0)
-ENCDEC_SHAPE = dict(SEED_SHAPE, n_embd=150, n_head=5, n_layer=13, cross_n_head=10)
-ENCDEC_NO_LOSS = dict(embedding_loss_type="none", ln_encoder_out=False, embedding_ln="init")
-SEED_COUNTS = [
-    ("baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26), 16_036_800),
-    ("smaller_baseline", base, dict(SEED_SHAPE, n_embd=156, n_head=12, n_layer=26), 15_441_192),
-    ("dropout02_baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, dropout=0.2), 16_036_800),
-    ("future50_cosine", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
-                                 future_attn_loss_type="cosine"), 15_817_248),
-    ("future50_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50), 15_817_248),
-    ("future100_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=100), 15_817_248),
-    ("encdec_cosine", ed, dict(ENCDEC_SHAPE, embedding_loss_type="cosine", sub_pos="no"), 15_763_500),
-    ("encdec_mse", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", sub_pos="no"), 15_763_500),
-    ("encdec_plain", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="no"), 15_763_200),
-    ("encdec_possub", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="yes"), 15_763_200),
-    ("encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", embedding_loss_coeff=8.0,
-                                   sub_pos="yes"), 15_763_500),
-]
+# parameter counts: the write-ups' configurations (counted by hand in conftest.py), built from
+# GPTConfig directly
 
 
 @pytest.mark.parametrize("name,module,kwargs,expected", SEED_COUNTS, ids=[s[0] for s in SEED_COUNTS])
 def test_seed_parameter_counts(name, module, kwargs, expected):
     model = module.GPT(module.GPTConfig(**kwargs))
     assert model.get_num_params() == expected
-
-
-# the configurations of the write-ups' next steps (config/*.py), counted by hand from the
-# seed counts above: K_offset and V_offset replace K_future and V_future (2·H·fd·hs = 2·d·fd
-# per layer instead of 2·d·(C-1)); an encoder block is 12d² + 2d, a decoder block 16d² + 4d
-GPT2_SHAPE = dict(vocab_size=50257, block_size=1024, bias=False, dropout=0.0)
-
-
-def encoder_block(d):
-    return 12 * d * d + 2 * d  # qkv 3d², out d², MLP 8d², two LayerNorm gains
-
-
-def decoder_block(d):
-    return 16 * d * d + 4 * d  # and the cross-attention: q d², kv 2d², out d²; four LayerNorm gains
-
-
-NEXT_STEP_COUNTS = [
-    ("future50_mse_computed", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
-                                       future_kv="computed"), 15_817_248 - 28 * 2 * 144 * (199 - 50)),
-    ("baseline_possub", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes"), 16_036_800),
-    ("baseline_possub_ln", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes_ln"),
-     16_036_800 + 160),
-    ("encdec_mse_possub_enc17_dec10", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=17,
-                                               n_layer_decoder=10),
-     15_763_500 + 4 * encoder_block(150) - 3 * decoder_block(150)),
-    ("encdec_mse_possub_enc9_dec16", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=9,
-                                              n_layer_decoder=16),
-     15_763_500 - 4 * encoder_block(150) + 3 * decoder_block(150)),
-    ("dropout02_encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, dropout=0.2), 15_763_500),
-    ("gpt2_baseline", base, dict(GPT2_SHAPE, n_embd=768, n_head=12, n_layer=12),
-     50257 * 768 + 12 * encoder_block(768) + 768),
-    ("gpt2_future50_mse", fa, dict(GPT2_SHAPE, n_embd=704, n_head=11, n_layer=12, future_dim=50),
-     50257 * 704 + 12 * (encoder_block(704) + 2 * 704 * 1023) + 704),
-    ("gpt2_encdec_mse_possub", ed, dict(GPT2_SHAPE, n_embd=720, n_head=9, n_layer=6, cross_n_head=18,
-                                        embedding_loss_coeff=8.0),
-     50257 * 720 + 6 * encoder_block(720) + 6 * decoder_block(720) + 720 * 720 + 720 + 2 * 2 * 720),
-]
 
 
 @pytest.mark.parametrize("name,module,kwargs,expected", NEXT_STEP_COUNTS, ids=[s[0] for s in NEXT_STEP_COUNTS])
@@ -159,11 +76,11 @@ def test_parameter_count_convention():
 # causality: logits at i never depend on tokens after i
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODEL_VARIANTS)
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("T", [C, C - 5])
 def test_changing_later_tokens_leaves_earlier_logits(name, training, T):
-    module, kwargs = MODELS[name]
+    module, kwargs = MODEL_VARIANTS[name]
     model = tiny(module, **kwargs).train(training)
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, VOCAB, (2, T), generator=g)
@@ -178,11 +95,11 @@ def test_changing_later_tokens_leaves_earlier_logits(name, training, T):
             assert not torch.allclose(logits[:, i + 1:], reference[:, i + 1:])
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODEL_VARIANTS)
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("T", [C, C - 5])
 def test_logit_gradient_is_zero_for_later_embeddings(name, training, T):
-    module, kwargs = MODELS[name]
+    module, kwargs = MODEL_VARIANTS[name]
     model = tiny(module, **kwargs).train(training)
     captured = {}
 
@@ -203,10 +120,10 @@ def test_logit_gradient_is_zero_for_later_embeddings(name, training, T):
     hook.remove()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODEL_VARIANTS)
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_prefix_gives_the_same_logits(name, training):
-    module, kwargs = MODELS[name]
+    module, kwargs = MODEL_VARIANTS[name]
     model = tiny(module, **kwargs).train(training)
     idx = torch.randint(0, VOCAB, (3, C), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -495,7 +412,7 @@ def test_computed_future_parameters_replace_the_learned_ones():
 
 def test_causal_cross_attention_matches_loops():
     torch.manual_seed(7)
-    config = ed.GPTConfig(**TINY, cross_n_head=8)
+    config = ed.GPTConfig(**TINY_MODEL, cross_n_head=8)
     attn = ed.CausalCrossAttention(config)
     enc, dec = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
     got = attn(enc, dec)
@@ -616,9 +533,9 @@ def test_encdec_stacks_of_their_own_depth():
     d, equal = 32, tiny(ed)  # 2 + 2 blocks
     assert model.get_num_params() == equal.get_num_params() + (12 * d * d + 2 * d) - (16 * d * d + 4 * d)
     # None is n_layer for each, so one name never means two things
-    config = ed.GPTConfig(**TINY)
+    config = ed.GPTConfig(**TINY_MODEL)
     assert (config.n_layer_encoder, config.n_layer_decoder) == (2, 2)
-    config = ed.GPTConfig(**{**TINY, "n_layer": 4, "n_layer_decoder": 1})
+    config = ed.GPTConfig(**{**TINY_MODEL, "n_layer": 4, "n_layer_decoder": 1})
     assert (config.n_layer_encoder, config.n_layer_decoder) == (4, 1)
 
 
@@ -913,13 +830,13 @@ BAD_VALUES = [
                          ids=[f"{m.__name__}-{f}-{v!r}" for m, f, v in BAD_VALUES])
 def test_bad_config_value_names_the_field(module, field, value):
     with pytest.raises(ValueError, match=field):
-        module.GPTConfig(**{**TINY, field: value})
+        module.GPTConfig(**{**TINY_MODEL, field: value})
 
 
 def test_config_round_trips_through_asdict():
     from dataclasses import asdict
     for module in (base, fa, ed):
-        config = module.GPTConfig(**TINY)
+        config = module.GPTConfig(**TINY_MODEL)
         assert asdict(module.GPTConfig(**asdict(config))) == asdict(config)
 
 

@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+from conftest import REPO
+
 # (what, pattern); the patterns are written so that this file does not match them itself
 FORBIDDEN = [
     ("a specification file that is not in the repository", re.compile(r"SPEC\.md", re.IGNORECASE)),

@@ -1,6 +1,8 @@
 """
-Tests of study.py (configs × seeds through train.py) and of report.py's log reading and
-write-up columns, on a CPU: tiny models on random tokens written here.
+Tests of study.py: configs × seeds through train.py, on a CPU with tiny models on random tokens
+(conftest.py): the table of means over seeds, a study killed or signalled and resumed, run
+folders it must not train over, and its pieces (scheduling, launching, the numbers, the command
+line). report.py's own tests are in test_report.py.
 Run: python -m pytest -q test_study.py
 """
 
@@ -19,37 +21,18 @@ import pytest
 import torch
 
 import report
-import settings
 import study
 from checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
-
-REPO = os.path.dirname(os.path.abspath(__file__))
-TINY = """
-vocab_size = 256
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-batch_size = 4
-gradient_accumulation_steps = 2
-eval_iters = 2
-log_interval = 1
-max_iters = 4
-eval_interval = 2
-warmup_iters = 2
-learning_rate = 1e-3
-compile = False
-device = "cpu"
-dtype = "float32"
-"""
+from conftest import REPO, TINY, read_log, start, trained_to, wait_for
 
 
 @pytest.fixture(scope="module")
 def tiny(data_dir, tmp_path_factory):
     """Random-token data (conftest.py) and two tiny config files, a baseline and a future_attn."""
     path = tmp_path_factory.mktemp("tiny")
+    lines = "".join(f"{key} = {value!r}\n" for key, value in dict(TINY, max_iters=4, eval_interval=2).items())
     for name, model_type in (("base", "baseline"), ("future", "future_attn")):
-        (path / f"{name}.py").write_text(f"model_type = {model_type!r}\n{TINY}")
+        (path / f"{name}.py").write_text(f"model_type = {model_type!r}\n{lines}")
     return dict(data=data_dir, base=str(path / "base.py"), future=str(path / "future.py"))
 
 
@@ -67,11 +50,6 @@ def run_study(argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = study.main(argv)
     return status, out.getvalue(), err.getvalue()
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def starts(out_dir):
@@ -182,6 +160,27 @@ def test_kill_then_resume(tiny, tmp_path):
     assert records[-1]["type"] == "eval" and records[-1]["iter"] == 100
     kept, _ = report.read_log(str(tmp_path / "base-seed7"))  # the resumed run supersedes the killed one
     assert [r["iter"] for r in kept if r["type"] == "train"] == list(range(1, 101))
+
+
+def test_study_passes_sigterm_on_and_the_same_command_finishes(tiny, tmp_path):
+    argv = [tiny["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+            "--max_iters=150", "--eval_interval=50"]
+    run_dir = tmp_path / "base-seed3"
+    process = start(argv, launcher=(sys.executable, "study.py"))
+    wait_for(trained_to(run_dir, 20), process)
+    child = int(open(run_dir / "train.lock").read().split("process ")[1].split()[0])
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in out + err
+    assert "the same command resumes the study" in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # train.py ended with study.py
+    stopped_at = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert f"base-seed3: stopped at iter {stopped_at}, its state saved" in out
+    status, out, _ = run_study(argv)
+    assert status == 0 and f"[1/1] base-seed3: resuming from iter {stopped_at}" in out
+    trains = [r["iter"] for r in report.read_log(str(run_dir))[0] if r["type"] == "train"]
+    assert trains == list(range(1, 151))
 
 
 def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
@@ -403,69 +402,3 @@ def test_report_only_lists_unfinished_runs_and_the_writeup(tmp_path, monkeypatch
     assert "This study trains unlike them: max_iters 300 (write-up 9000)." in out
     assert "Not finished, left out of the means: baseline-seed1 (not started), future50_mse-seed1 (not started)." in out
     assert not (tmp_path / "baseline-seed1").exists()  # nothing trained
-
-
-# --------------------------------------------------------------------------------------
-# report.py: cut-off log lines, the write-ups' numbers beside a run's
-
-
-def write_log(out_dir, records, tail=""):
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "log.jsonl"), "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in records) + tail)
-
-
-def fake_run(config_argv, iters=300, val_loss=3.7):
-    """Records of a run of the model that config_argv gives, as train.py logs them."""
-    config = settings.get_config(config_argv)
-    start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1, tokens_per_iter=160_000,
-                 iter_num=0, init_from="scratch", config=config, model_args=settings.model_args_of(config), time=0.0)
-    aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}
-    return [start, dict(type="train", iter=iters, loss=3.5, aux=aux, time=10.0),
-            dict(type="eval", iter=iters, train_loss=3.6, val_loss=val_loss, best_val_loss=val_loss, saved=True, time=12.0)]
-
-
-def test_report_skips_cut_off_lines(tmp_path, capsys):
-    records = fake_run([os.path.join(REPO, "config/tiny_cpu.py")])
-    write_log(tmp_path / "end", records, tail='{"type": "train", "it')  # killed mid-write
-    broken_middle = records + [dict(records[0], iter_num=300, init_from="resume", time=20.0),
-                               dict(records[2], iter=310, val_loss=3.5, time=30.0)]
-    write_log(tmp_path / "middle", [])
-    with open(tmp_path / "middle" / "log.jsonl", "w") as f:  # a resumed launch appended after a cut-off line
-        f.write("".join(json.dumps(r) + "\n" for r in records) + '{"type": "tr\n'
-                + "".join(json.dumps(r) + "\n" for r in broken_middle[3:]))
-    assert report.main([str(tmp_path / "end"), str(tmp_path / "middle")]) == 0
-    captured = capsys.readouterr()
-    assert f"warning: {tmp_path}/end/log.jsonl, line 4: not a JSON record" in captured.err
-    assert f"warning: {tmp_path}/middle/log.jsonl, line 4: not a JSON record" in captured.err
-    rows = {line.split()[0]: line.split() for line in captured.out.splitlines()[1:]}
-    assert rows["end"][6] == "3.700" and rows["middle"][3:7] == ["310", "49,600,000", "3.600", "3.500"]
-
-
-def test_report_shows_the_writeup_beside_a_writeup_config_run(tmp_path, capsys):
-    write_log(tmp_path / "mine", fake_run([os.path.join(REPO, "config/future50_mse.py"), "--max_iters=300",
-                                           "--data_dir=elsewhere", "--seed=5"]))
-    write_log(tmp_path / "full", fake_run([os.path.join(REPO, "config/encdec_plain.py")], iters=9000))
-    write_log(tmp_path / "other", fake_run([os.path.join(REPO, "config/future50_mse.py"), "--future_dim=49"]))
-    assert report.main([str(tmp_path / name) for name in ("mine", "full", "other")]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in lines[1:]] == [["mine", "future_attn"], ["write-up:", "future50_mse"],
-                                                         ["full", "encdec"], ["write-up:", "encdec_plain"],
-                                                         ["other", "future_attn"],
-                                                         ["note:", "mine"]]
-    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419", "future_attn_loss", "0.07681"]
-    assert lines[4].split()[2:] == ["15,763,200", "9000", "1,440,000,000", "3.043", "3.413", "-"]
-    # the write-up's numbers sit under the run's own columns
-    assert lines[2].index("3.017") == lines[1].index("3.600") and lines[2].index("3.419") == lines[1].index("3.700")
-    assert lines[6] == "note: mine trains the model of config/future50_mse.py, but unlike the write-up: max_iters 300 (write-up 9000)"
-
-
-def test_writeup_numbers_are_the_writeup_configs():
-    # the configs of the write-ups' next steps have no published numbers
-    from test_train import NEXT_STEPS
-    configs = {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(REPO, "config"))}
-    assert set(report.WRITEUP) == configs - {"tiny_cpu"} - set(NEXT_STEPS)
-    for name, published in report.WRITEUP.items():
-        with open(os.path.join(REPO, "config", f"{name}.py")) as f:
-            header = f.read().split("\n\n")[0]  # each config's comment names its published numbers
-        assert f"{published['val']}" in header and f"{published['params']:,}" in header, name

@@ -1,200 +1,50 @@
 """
-Tests of configurator.py, train.py, sample.py, report.py and config/*.py, on a CPU.
-
-Tiny models train on random tokens written here, so nothing depends on prepare_wikipedia.py.
-sample.py needs the GPT-2 tokenizer: offline, export TIKTOKEN_CACHE_DIR first.
+Tests of train.py, on a CPU with tiny models on random tokens (conftest.py): a run trains, logs
+and saves; resume reproduces an unbroken run; signals stop after the step with the state saved;
+the out_dir guard and lock; --eval_only; non-finite losses; gradient accumulation and DDP. A test
+of what train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
 Run: python -m pytest -q test_train.py
 """
 
-import glob
+import collections
+import errno
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import cli
-import configurator
-import data
 import report
-import sample
 import settings
 import train
 from checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
-from configurator import ConfigError
+from cli import ConfigError
+from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, last_error, read_log, start, trained_to,
+                      wait_for)
 
-REPO = os.path.dirname(os.path.abspath(__file__))
-VOCAB = 256  # the tokens of the data_dir fixture (conftest.py) are below this
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-TINY = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, batch_size=4,
-            gradient_accumulation_steps=2, eval_iters=2, log_interval=1, compile=False,
-            device="cpu", dtype="float32", warmup_iters=2, learning_rate=1e-3)
+
 AUX_KEY = {"baseline": None, "future_attn": "future_attn_loss", "encdec": "embedding_loss"}
-
-# the write-ups' parameter counts (report.WRITEUP): the configs must reproduce them exactly
-SEED_PARAMS = {name: published["params"] for name, published in report.WRITEUP.items()}
-
-
-def flags(**settings):
-    return [f"--{key}={value}" for key, value in settings.items()]
+# long enough to be signalled mid-run: 150 steps of a few ms; evaluations of 20 batches
+RUN = dict(TINY, max_iters=150, eval_interval=50, eval_iters=20)
+Usage = collections.namedtuple("Usage", "total used free")  # as shutil.disk_usage returns it
 
 
-def config_for(data_dir, out_dir, **overrides):
-    return settings.get_config(flags(**{**TINY, "data_dir": data_dir, "out_dir": str(out_dir), **overrides}))
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-@pytest.fixture(scope="module")
-def runs(data_dir, tmp_path_factory):
-    """Two finished runs: a baseline with the GPT-2 vocabulary (for sample.py), a future_attn."""
-    out = {}
-    for model_type, vocab in (("baseline", 50257), ("future_attn", VOCAB)):
-        out_dir = tmp_path_factory.mktemp(f"out-{model_type}")
-        train.train(config_for(data_dir, out_dir, model_type=model_type, vocab_size=vocab, max_iters=3, eval_interval=2))
-        out[model_type] = str(out_dir)
-    return out
+def run_argv(data_dir, out_dir, **overrides):
+    """The flags of a RUN, long enough to be signalled mid-run."""
+    return flags(**{**RUN, "data_dir": data_dir, "out_dir": str(out_dir), **overrides})
 
 
 # --------------------------------------------------------------------------------------
-# configurator
-
-
-def test_config_file_then_flags(tmp_path):
-    path = tmp_path / "my_config.py"
-    path.write_text("import math\nbatch_size = 7\nlearning_rate = 1e-3\nout_dir = 'from-file'\n"
-                    "_scratch = 5\ndef helper():\n    pass\n")
-    config = settings.get_config([str(path), "--batch_size=9", "--min_lr=0", "--dtype=float16", "--compile=False"])
-    assert config["batch_size"] == 9  # the flag wins over the file
-    assert config["learning_rate"] == 1e-3 and config["out_dir"] == "from-file"
-    assert config["min_lr"] == 0.0 and isinstance(config["min_lr"], float)  # int accepted for float
-    assert config["dtype"] == "float16" and config["compile"] is False
-    assert config["max_iters"] == settings.DEFAULTS["max_iters"]
-
-
-def test_unknown_key_lists_the_valid_keys(capsys):
-    with pytest.raises(ConfigError, match="unknown key 'batch_sise'") as e:
-        settings.get_config(["--batch_sise=3"])
-    assert "valid keys:" in str(e.value) and "batch_size" in str(e.value)
-    assert train.main(["--batch_sise=3"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown key 'batch_sise'" in err and "Traceback" not in err
-
-
-def test_wrong_types_are_all_reported():
-    with pytest.raises(ConfigError) as e:
-        settings.get_config(["--batch_size=3.5", "--compile=1", "--learning_rate=fast"])
-    message = str(e.value)
-    assert "batch_size=3.5" in message and "compile=1" in message and "learning_rate='fast'" in message
-    with pytest.raises(ConfigError, match="flags are written --key=value"):
-        configurator.parse(["--batch_size"])
-    with pytest.raises(ConfigError, match="not found"):
-        configurator.parse(["config/no_such_config.py"])
-
-
-def test_model_keys_are_valid_only_for_their_model(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'future_dim'"):
-        settings.get_config(["--future_dim=50"])  # the baseline has no future_dim
-    assert settings.get_config(["--model_type=future_attn", "--future_dim=50"])["future_dim"] == 50
-    path = tmp_path / "fa.py"
-    path.write_text("model_type = 'future_attn'\n")
-    assert settings.get_config([str(path), "--future_dim=7"])["future_dim"] == 7  # model_type from the file
-    with pytest.raises(ConfigError, match="unknown key 'embedding_loss_type'"):
-        settings.get_config(["--model_type=future_attn", "--embedding_loss_type=mse"])
-    with pytest.raises(ConfigError, match="model_type must be one of"):
-        settings.get_config(["--model_type=lstm"])
-    # a value the model rejects comes back as a ConfigError naming the field
-    with pytest.raises(ConfigError, match="future_dim"):
-        settings.model_args_of(settings.get_config(["--model_type=future_attn", "--future_dim=500"]))
-
-
-# the configs of the write-ups' next steps (README, "Next steps of the write-ups"): each is its
-# base config with the settings that test the step (None: the GPT-2-sized ones, compared together)
-NEXT_STEPS = {
-    "future50_mse_computed": ("future50_mse", dict(future_kv="computed")),
-    "baseline_possub": ("baseline", dict(sub_pos="yes")),
-    "encdec_mse_possub_enc17_dec10": ("encdec_mse_possub", dict(n_layer_encoder=17, n_layer_decoder=10)),
-    "encdec_mse_possub_enc9_dec16": ("encdec_mse_possub", dict(n_layer_encoder=9, n_layer_decoder=16)),
-    "dropout02_encdec_mse_possub": ("encdec_mse_possub", dict(dropout=0.2)),
-    "gpt2_baseline": (None, {}),
-    "gpt2_future50_mse": (None, {}),
-    "gpt2_encdec_mse_possub": (None, {}),
-}
-
-
-def test_every_config_has_a_file():
-    names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
-    assert names == set(SEED_PARAMS) | set(NEXT_STEPS) | {"tiny_cpu"}
-
-
-def config_and_model(name):
-    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
-    module = settings.MODELS[config["model_type"]]
-    with torch.device("meta"):  # shapes only, no memory or init time
-        return config, module.GPT(module.GPTConfig(**settings.model_args_of(config)))
-
-
-@pytest.mark.parametrize("name", NEXT_STEPS)
-def test_next_step_config_is_its_base_with_the_step(name):
-    from test_models import NEXT_STEP_COUNTS  # counted by hand there
-    config, model = config_and_model(name)
-    expected = {n: count for n, _, _, count in NEXT_STEP_COUNTS}[name]
-    assert model.get_num_params() == expected
-    # the header states the count and the FLOPs per token of this very model
-    with open(os.path.join(REPO, "config", f"{name}.py")) as f:
-        header = f.read().split("\n\n")[0]
-    assert f"{expected:,} parameters" in header
-    assert f"{model.flops_per_token():,} training FLOPs per token" in header
-    assert f"python train.py config/{name}.py" in header and "python study.py config/" in header
-    assert config["out_dir"] == f"out-{name}"
-    base, step = NEXT_STEPS[name]
-    if base is not None:
-        # everything else, training included, as in the base run
-        base_config = settings.get_config([os.path.join(REPO, "config", f"{base}.py")])
-        assert config == dict(base_config, **step, out_dir=f"out-{name}")
-
-
-def test_gpt2_configs_compare_models_of_equal_size_on_equal_training():
-    runs = {name: config_and_model(name) for name in NEXT_STEPS if name.startswith("gpt2_")}
-    counts = [model.get_num_params() for _, model in runs.values()]
-    assert max(counts) / min(counts) < 1.02
-    model_keys = {field for module in settings.MODELS.values() for field in module.GPTConfig.__dataclass_fields__}
-    training = [{k: v for k, v in config.items() if k not in model_keys | {"out_dir", "model_type"}}
-                for config, _ in runs.values()]
-    assert all(t == training[0] for t in training)
-    assert all(c["block_size"] == 1024 and c["vocab_size"] == 50257 for c, _ in runs.values())
-    config = next(iter(runs.values()))[0]
-    tokens_per_step = config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
-    assert tokens_per_step == 163_840 and config["gradient_accumulation_steps"] % 8 == 0  # 1, 2, 4 or 8 GPUs
-    for config, _ in runs.values():  # head sizes multiples of 8
-        assert config["n_embd"] // config["n_head"] % 8 == 0
-        if config["model_type"] == "encdec":
-            assert config["n_embd"] // config["cross_n_head"] % 8 == 0
-
-
-@pytest.mark.parametrize("name, expected", SEED_PARAMS.items())
-def test_seed_config_builds_the_seed_parameter_count(name, expected):
-    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
-    module = settings.MODELS[config["model_type"]]
-    with torch.device("meta"):  # shapes only, no memory or init time
-        model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
-    assert model.get_num_params() == expected
-    assert config["out_dir"] == f"out-{name}"
-    seed_settings = dict(vocab_size=50257, block_size=200, bias=False, batch_size=50, gradient_accumulation_steps=16,
-                         learning_rate=9e-4, min_lr=9e-5, warmup_iters=300, lr_decay_iters=700000, max_iters=9000,
-                         weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=200, grad_clip=0.0)
-    assert {k: config[k] for k in seed_settings} == seed_settings
-    assert config["dropout"] == (0.2 if name == "dropout02_baseline" else 0.0)
-
-
-# --------------------------------------------------------------------------------------
-# pieces of train.py
+# the learning rate
 
 
 def test_lr_schedule():
@@ -205,17 +55,6 @@ def test_lr_schedule():
     assert train.get_lr(60, config) == pytest.approx(0.55)  # half way down the cosine
     assert train.get_lr(110, config) == pytest.approx(0.1) and train.get_lr(500, config) == 0.1
     assert train.get_lr(60, dict(config, decay_lr=False)) == 1.0
-
-
-def test_batches_are_shifted_windows(data_dir):
-    generator = torch.Generator().manual_seed(0)
-    x, y = data.get_batch(data_dir, "train", generator, batch_size=3, block_size=16, device="cpu")
-    tokens = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
-    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    windows = np.lib.stride_tricks.sliding_window_view(tokens, 16)  # (N - 15, 16)
-    starts = np.flatnonzero((windows == x[0].numpy()).all(axis=1))  # where x[0] comes from
-    assert any(np.array_equal(tokens[i + 1:i + 17], y[0].numpy()) for i in starts)
 
 
 # --------------------------------------------------------------------------------------
@@ -270,8 +109,8 @@ def test_resume_reproduces_an_unbroken_run(data_dir, tmp_path):
         assert torch.equal(p, resumed["model"].state_dict()[name])
 
 
-def test_resume_checks_the_model(runs, data_dir, capsys):
-    out_dir = runs["baseline"]
+def test_resume_checks_the_model(trained_runs, data_dir, capsys):
+    out_dir = trained_runs["baseline"]
     base = dict(max_iters=5, eval_interval=2, init_from="resume", vocab_size=50257)
     assert train.main(flags(**{**TINY, **base, "data_dir": data_dir, "out_dir": out_dir, "model_type": "encdec"})) == 1
     assert "checkpoint holds model_type 'baseline'" in capsys.readouterr().err
@@ -292,16 +131,232 @@ def test_foreign_or_missing_checkpoint_is_refused(data_dir, tmp_path, capsys):
     assert "not a checkpoint written by train.py" in capsys.readouterr().err
 
 
-def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys):
-    argv = flags(**{**TINY, "data_dir": str(tmp_path), "out_dir": str(tmp_path / "out")})
-    assert train.main(argv) == 1
+def test_damaged_checkpoint_message_gives_no_unsafe_advice(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    data = (tmp_path / "ckpt.pt").read_bytes()
+    for damaged in (data[: len(data) // 2], os.urandom(2000)):  # cut short; random bytes
+        (tmp_path / "ckpt.pt").write_bytes(damaged)
+        assert train.main(argv_for(data_dir, tmp_path, max_iters=4, init_from="resume")) == 1
+        err = last_error(capsys)
+        assert "is not a checkpoint written by train.py, or it is damaged" in err
+        assert "weights_only" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_after_a_record_cut_mid_write(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"type": "train", "iter": 3, "lo')  # a kill -9 in the middle of a record
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2, init_from="resume")) == 0
+    assert "resumed from iteration 2" in capsys.readouterr().out
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    broken = [line for line in lines if not line.startswith("{") or not line.endswith("}")]
+    assert broken == ['{"type": "train", "iter": 3, "lo']  # alone on its line; all others parse
+    records = [json.loads(line) for line in lines if line not in broken]
+    assert records[-1]["type"] == "eval" and records[-1]["iter"] == 4
+
+
+def test_resume_at_max_iters_says_so(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, init_from="resume")) == 0
+    assert "is at iteration 2 and max_iters is 2: nothing to train" in capsys.readouterr().out
+    assert snapshot(tmp_path) == before
+
+
+def test_a_run_saved_before_a_model_field_existed_resumes(data_dir, tmp_path):
+    # a checkpoint and log written before future_kv existed: it takes its default, 'learned'
+    train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=2, eval_interval=2))
+    saved = load_checkpoint(str(tmp_path / "ckpt.pt"), TRAINING_KEYS)
+    del saved["model_args"]["future_kv"]
+    torch.save(saved, tmp_path / "ckpt.pt")
+    result = train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=4, eval_interval=2,
+                                    init_from="resume"))
+    assert result["iter_num"] == 4
+    start = read_log(tmp_path)[0]
+    del start["model_args"]["future_kv"]
+    assert settings.saved_model_args("future_attn", start["model_args"]) == \
+        json.loads(json.dumps(settings.model_args_of(start["config"])))
+    # the setting it lacks must still be the default: another value is a change of model
+    with pytest.raises(cli.UserError, match=r"future_kv \(checkpoint 'learned', config 'computed'\)"):
+        train.train(config_for(data_dir, tmp_path, model_type="future_attn", future_kv="computed", max_iters=6,
+                               init_from="resume"))
+
+
+# --------------------------------------------------------------------------------------
+# a run's folder: one run per folder, nothing a user made lost
+
+
+def snapshot(out_dir):
+    """Every file of out_dir, by name, with its bytes."""
+    return {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))}
+
+
+def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(argv_for(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
+    before = snapshot(out_dir)
+    assert {"ckpt.pt", "best.pt", "log.jsonl"} <= set(before)
+    capsys.readouterr()
+    assert train.main(argv_for(data_dir, out_dir, max_iters=4)) == 1
+    err = last_error(capsys)
+    assert f"{out_dir} already holds a run (ckpt.pt, best.pt, log.jsonl)" in err
+    assert "--init_from=resume" in err and "--overwrite=True" in err
+    assert snapshot(out_dir) == before  # nothing deleted, nothing appended
+    # --eval_only evaluates a saved run: without --init_from=resume it is a bad setting
+    assert train.main(argv_for(data_dir, out_dir, max_iters=4, eval_only=True)) == 2
+    assert "add --init_from=resume" in last_error(capsys)
+    assert snapshot(out_dir) == before
+
+    # a run killed before its first checkpoint leaves only its log: that is refused too, and
+    # both ways out say that --overwrite=True starts it again
+    for name in ("ckpt.pt", "best.pt"):
+        os.remove(out_dir / name)
+    for extra in ({}, {"init_from": "resume"}):
+        assert train.main(argv_for(data_dir, out_dir, max_iters=4, **extra)) == 1
+        err = last_error(capsys)
+        assert "stopped before its first" in err and "again with --overwrite=True" in err
+
+    # asked for explicitly, the old run is replaced by the new one
+    assert train.main(argv_for(data_dir, out_dir, max_iters=3, eval_interval=3, overwrite=True)) == 0
+    assert "overwrite=True: deleted log.jsonl" in capsys.readouterr().out
+    records = read_log(out_dir)
+    assert [r["type"] for r in records].count("start") == 1 and records[-1]["iter"] == 3
+
+
+LOCK_HOLDER = """
+import sys, time
+import checkpoint
+lock = checkpoint.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_folder_in_use_is_refused_until_its_holder_dies(data_dir, tmp_path, capsys):
+    out_dir = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out_dir)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert train.main(argv_for(data_dir, out_dir, max_iters=1)) == 1
+        err = last_error(capsys)
+        assert f"{out_dir} is in use by train.py (process {holder.pid} on" in err
+        assert not os.path.exists(out_dir / "log.jsonl")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the harshest end: no cleanup code runs
+        holder.wait()
+    assert train.main(argv_for(data_dir, out_dir, max_iters=1)) == 0  # the kernel released the lock
+    assert read_log(out_dir)[-1]["iter"] == 1
+
+
+def test_out_dir_that_cannot_be_created(data_dir, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    assert train.main(argv_for(data_dir, tmp_path / "a_file" / "out")) == 1
+    assert f"cannot create out_dir {tmp_path}/a_file/out" in last_error(capsys)
+
+
+def test_missing_wandb_writes_nothing(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, wandb_log=True)) == 2
+    assert "wandb_log=True needs wandb" in capsys.readouterr().err
+    assert not out_dir.exists()  # so the corrected command is not refused
+    assert train.main(run_argv(data_dir, out_dir, max_iters=2)) == 0
+
+
+# --------------------------------------------------------------------------------------
+# what is saved when
+
+
+def test_an_overfitting_run_resumes_from_its_latest_evaluation_not_its_best(data_dir, tmp_path, monkeypatch):
+    # val improves until iteration 2, then worsens: best.pt stays at 2, ckpt.pt follows training
+    val_at = {0: 5.0, 2: 4.0, 4: 4.5, 6: 4.8, 8: 5.1}
+    estimate = train.estimate_loss
+    iteration = iter(sorted(val_at))
+
+    def overfitting(*args, **kwargs):
+        losses = estimate(*args, **kwargs)
+        return dict(losses, val=val_at[next(iteration)])
+
+    monkeypatch.setattr(train, "estimate_loss", overfitting)
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, max_iters=6, eval_interval=2)) == 0
+    best, latest = load_checkpoint(str(out_dir / "best.pt")), load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)
+    assert best["iter_num"] == 2 and best["best_val_loss"] == 4.0
+    assert latest["iter_num"] == 6 and latest["best_val_loss"] == 4.0
+    assert set(os.listdir(out_dir)) == {"ckpt.pt", "best.pt", "log.jsonl", "train.lock"}  # two checkpoints at most
+    assert "optimizer" not in best  # the model only
+    for name, p in best["model"].items():  # best.pt is not the latest model
+        if not torch.equal(p, latest["model"][name]):
+            break
+    else:
+        pytest.fail("best.pt holds the latest model")
+    assert train.main(run_argv(data_dir, out_dir, max_iters=8, eval_interval=2, init_from="resume")) == 0
+    assert [r["iter_num"] for r in read_log(out_dir) if r["type"] == "start"] == [0, 6]
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(data_dir, tmp_path, monkeypatch, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
+    before = {name: (out_dir / name).read_bytes() for name in ("ckpt.pt", "best.pt")}
+    save = torch.save
+
+    def disk_full(obj, f):  # part of the file, then the disk is full
+        save(obj, f)
+        f.truncate(100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2, init_from="resume")) == 1
     err = capsys.readouterr().err
-    assert f"no data at {tmp_path}/train.bin — run `python prepare_wikipedia.py --out_dir {tmp_path}` first" in err
-    assert "Traceback" not in err
-    for split in ("train", "val"):
-        np.arange(10, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
-    assert train.main(argv) == 1
-    assert "holds 10 tokens, fewer than block_size + 1 = 17" in capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"error: cannot write {out_dir}/" in err and "no space left on device; free some space" in err
+    assert {name: (out_dir / name).read_bytes() for name in before} == before
+    assert not [name for name in os.listdir(out_dir) if name.endswith(".tmp")]
+
+    # torch.save itself reports a full disk as a RuntimeError without errno: the free space tells
+    def torch_full(obj, f):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    calls = []
+
+    def disk_usage(path):  # room before the write (the check made first), none after it failed
+        calls.append(path)
+        return Usage(total=10**9, used=10**9, free=10**9 if len(calls) == 1 else 1000)
+
+    monkeypatch.setattr(checkpoint.torch, "save", torch_full)
+    monkeypatch.setattr(cli.shutil, "disk_usage", disk_usage)
+    assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2, init_from="resume")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device (" in err and "MB to write, 0.0 MB free)" in err
+    assert {name: (out_dir / name).read_bytes() for name in before} == before
+
+
+def test_eval_only_is_kept_apart_from_the_run(data_dir, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2)) == 0
+    before = report.summarize(str(out_dir))[0]
+    other_data = tmp_path / "other"
+    other_data.mkdir()
+    rng = np.random.default_rng(5)
+    for split in ("train", "val"):  # another text: other numbers
+        rng.integers(0, 64, 2000).astype(np.uint16).tofile(other_data / f"{split}.bin")
+    capsys.readouterr()
+    assert train.main(run_argv(str(other_data), out_dir, max_iters=4, eval_iters=3, eval_only=True,
+                               init_from="resume")) == 0
+    out = capsys.readouterr().out
+    assert f"evaluation only, of {out_dir}/ckpt.pt at iteration 4 on {other_data}" in out
+    record = read_log(out_dir)[-1]
+    assert record["type"] == "eval_only" and record["data_dir"] == str(other_data)
+    assert [r["type"] for r in read_log(out_dir)].count("start") == 1  # no launch of the run's
+    row, _, notes = report.summarize(str(out_dir))
+    assert row == before  # the run's losses, best val and wall time: unchanged
+    assert f"evaluated with --eval_only (not the run's numbers) at iter 4 on {other_data}" in notes[0]
+
+
+# --------------------------------------------------------------------------------------
+# non-finite losses
 
 
 @pytest.mark.parametrize("model_type, poisoned", [("baseline", "loss"), ("future_attn", "future_attn_loss")])
@@ -331,6 +386,157 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
     assert checkpoint["iter_num"] == 2  # saved at the eval of step 2, never after
     assert all(torch.isfinite(p).all() for p in checkpoint["model"].values())
     assert max(r.get("iter", 0) for r in read_log(tmp_path)) == 3
+
+
+def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, capsys):
+    module = settings.MODELS["baseline"]
+    forward = module.GPT.forward
+
+    def poisoned_forward(self, idx, targets=None):
+        logits, loss, aux = forward(self, idx, targets)
+        return logits, loss * float("nan") if self.training else loss, aux
+
+    monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
+    err = last_error(capsys)
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the last saved state" in err
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
+
+
+# --------------------------------------------------------------------------------------
+# signals: real ones, to real processes
+
+
+def numbers(out_dir):
+    """What a run computed, launch by launch merged as report.py reads it: every train and eval
+    record's iteration and losses."""
+    records, _ = report.read_log(str(out_dir))
+    return [(r["type"], r["iter"], r.get("loss"), r.get("aux"), r.get("train_loss"), r.get("val_loss"))
+            for r in records if r["type"] in ("train", "eval")]
+
+
+@pytest.fixture(scope="module")
+def unbroken(data_dir, tmp_path_factory):
+    """The reference: RUN trained without a stop, for each model type asked for."""
+    runs = {}
+
+    def get(model_type):
+        if model_type not in runs:
+            out_dir = tmp_path_factory.mktemp(f"unbroken-{model_type}")
+            assert train.main(run_argv(data_dir, out_dir, model_type=model_type)) == 0
+            runs[model_type] = numbers(out_dir)
+        return runs[model_type]
+    return get
+
+
+@pytest.mark.parametrize("signum, model_type", [(signal.SIGTERM, "future_attn"), (signal.SIGINT, "baseline")])
+def test_a_signal_stops_after_the_step_and_the_resumed_run_matches_an_unbroken_one(
+        signum, model_type, data_dir, tmp_path, unbroken):
+    out_dir = tmp_path / "run"
+    process = start(run_argv(data_dir, out_dir, model_type=model_type))
+    wait_for(trained_to(out_dir, 60), process)  # past the evaluation at 50
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert 60 <= stopped_at < RUN["max_iters"]
+    assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
+    name = signal.Signals(signum).name
+    assert err.startswith(f"stopped by {name} after iteration {stopped_at}: saved {out_dir}/ckpt.pt; continue with: ")
+
+    # the command the message gives continues the run, to the numbers of a run never stopped
+    command = shlex.split(err.strip().split("continue with: ")[1])
+    assert command[:2] == ["python", "train.py"] and command[-1] == "--init_from=resume"
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from iteration {stopped_at}" in resumed.stdout
+    assert numbers(out_dir) == unbroken(model_type)
+
+
+def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
+    # evaluations of 500 batches take a second or so; the signal comes right after step 50,
+    # when the evaluation at 50 begins: it completes, is saved, then one more step, then the stop
+    out_dir = tmp_path / "run"
+    process = start(run_argv(data_dir, out_dir, eval_iters=500, eval_interval=50))
+    wait_for(trained_to(out_dir, 50), process)
+    process.send_signal(signal.SIGTERM)
+    sent = time.time()
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert "stopped by SIGTERM after iteration 51" in err
+    evals = [r for r in read_log(out_dir) if r["type"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 50]  # the evaluation was made
+    assert sent < evals[-1]["time"]  # and the signal came while it ran: its record is written after it
+    assert train.main(run_argv(data_dir, out_dir, eval_iters=500, max_iters=60, eval_interval=50,
+                               init_from="resume")) == 0
+    assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == 60
+
+
+def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(data_dir, tmp_path, monkeypatch, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2)) == 0
+    before = (out_dir / "ckpt.pt").read_bytes()
+    save = torch.save
+
+    def interrupted_save(obj, f):  # half the file written, then the second Ctrl-C arrives
+        save(obj, f)
+        f.truncate(f.tell() // 2)
+        os.kill(os.getpid(), signal.SIGINT)  # the first (during this save) asked for the stop
+        os.kill(os.getpid(), signal.SIGINT)  # the second stops at once
+
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    status = train.main(run_argv(data_dir, out_dir, max_iters=8, eval_interval=2, init_from="resume"))
+    assert status == 128 + signal.SIGINT
+    assert "stopped at once by a second SIGINT" in capsys.readouterr().err
+    assert (out_dir / "ckpt.pt").read_bytes() == before and not (out_dir / "ckpt.pt.tmp").exists()
+
+
+def test_a_two_process_run_stopped_by_sigterm_resumes(data_dir, tmp_path):
+    out_dir = tmp_path / "ddp"
+    argv = run_argv(data_dir, out_dir, model_type="encdec", gradient_accumulation_steps=4, max_iters=300)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py")
+    process = start(argv, launcher=torchrun)
+    wait_for(trained_to(out_dir, 20), process)
+    os.kill(process.pid, signal.SIGTERM)  # to torchrun, which passes it on to both processes
+    out, err = process.communicate(timeout=60)
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert 20 <= stopped_at < 300
+    # one line from the processes (rank 0's); torchrun adds its own report of the signal
+    assert err.count("stopped by SIGTERM") == 1 and f"after iteration {stopped_at}: saved" in err
+    assert "train.py" not in "".join(line for line in err.splitlines() if line.startswith("  File"))
+    assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at
+    resumed = subprocess.run([*torchrun, *argv, "--max_iters=" + str(stopped_at + 5), "--init_from=resume"],
+                             cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    records, _ = report.read_log(str(out_dir))
+    trains = [r["iter"] for r in records if r["type"] == "train"]
+    assert trains == list(range(1, stopped_at + 6))  # every step once, none lost, none twice
+
+
+# --------------------------------------------------------------------------------------
+# gradient accumulation and processes
+
+
+@pytest.mark.parametrize("model_type", ["baseline", "future_attn", "encdec"])
+def test_accumulated_micro_steps_equal_one_large_batch(model_type, data_dir, tmp_path):
+    """k micro-steps of batch B give the gradients of one step of batch k·B (the mean loss).
+
+    One optimizer step from the same initial weights; AdamW's first moment after it is
+    (1 - beta1) · gradient, read back from the checkpoint. torch.randint draws two batches of
+    4 exactly as it draws one batch of 8, so both runs see the same 8 sequences."""
+    settings = dict(model_type=model_type, max_iters=1, eval_interval=1)
+    for name, batch_size, accum in (("split", 4, 2), ("whole", 8, 1)):
+        train.train(config_for(data_dir, tmp_path / name, batch_size=batch_size,
+                               gradient_accumulation_steps=accum, **settings))
+    split, whole = (load_checkpoint(tmp_path / name / "ckpt.pt")["optimizer"]["state"] for name in ("split", "whole"))
+    assert split.keys() == whole.keys()
+    for index in split:
+        torch.testing.assert_close(split[index]["exp_avg"], whole[index]["exp_avg"], rtol=1e-4, atol=1e-9)
+    # and the check can fail: a different batch gives different gradients
+    train.train(config_for(data_dir, tmp_path / "other", batch_size=8, seed=7, **settings))
+    other = load_checkpoint(tmp_path / "other" / "ckpt.pt")["optimizer"]["state"]
+    assert not torch.allclose(other[0]["exp_avg"], whole[0]["exp_avg"], rtol=1e-4, atol=1e-9)
 
 
 def test_accumulation_must_divide_the_world_size(data_dir, tmp_path):
@@ -373,80 +579,3 @@ def test_two_process_ddp_on_gloo(data_dir, tmp_path):
     for name, p in rank0.items():  # DDP kept the replicas identical
         assert torch.equal(p, rank1[name]), name
         assert torch.equal(p, checkpoint["model"][name]), name
-
-
-# --------------------------------------------------------------------------------------
-# sample.py, report.py
-
-
-def test_sample_from_a_checkpoint(runs, tmp_path, capsys):
-    argv = ["--out_dir=" + runs["baseline"], "--device=cpu", "--num_samples=2", "--max_new_tokens=5"]
-    assert sample.main(argv + ["--start=Hello world"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("Hello world") == 2 and out.count("---------------") == 2
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text("Once upon a time<|endoftext|>")
-    texts = sample.sample(configurator.merge(sample.DEFAULTS, *configurator.parse(argv + [f"--start=FILE:{prompt}"])))
-    assert len(texts) == 2 and all(t.startswith("Once upon a time<|endoftext|>") for t in texts)
-
-
-def test_sample_refuses_missing_or_foreign_checkpoint(tmp_path, capsys):
-    assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
-    assert f"no checkpoint at {tmp_path}/best.pt" in capsys.readouterr().err
-    torch.save({"model_args": {}}, tmp_path / "ckpt.pt")
-    assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
-    err = capsys.readouterr().err
-    assert "not a checkpoint written by train.py" in err and "Traceback" not in err
-
-
-def test_report_table_over_two_runs(runs, tmp_path, capsys):
-    assert report.main([runs["baseline"], runs["future_attn"]]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["run", "model_type", "params"] and len(lines) == 3
-    for line, model_type in zip(lines[1:], ("baseline", "future_attn")):
-        params = f"{read_log(runs[model_type])[0]['num_params']:,}"
-        assert line.split()[1:5] == [model_type, params, "3", f"{3 * 128:,}"]
-    assert "future_attn_loss" in lines[2]
-    assert report.main([runs["baseline"], str(tmp_path / "missing"), "--plot", str(tmp_path / "loss.png")]) == 1
-    captured = capsys.readouterr()
-    assert "missing: no log.jsonl" in captured.err and "baseline" in captured.out  # the table still prints
-    try:
-        import matplotlib  # noqa: F401
-        assert (tmp_path / "loss.png").exists()
-    except ImportError:
-        assert "--plot needs matplotlib" in captured.err
-
-
-def test_report_plot_draws_each_future_attention_layer(runs, tmp_path, monkeypatch):
-    plt = pytest.importorskip("matplotlib.pyplot")
-    figures, subplots = [], plt.subplots
-    monkeypatch.setattr(plt, "subplots", lambda *args, **kwargs: figures.append(subplots(*args, **kwargs)) or figures[-1])
-    assert report.main([runs["baseline"], runs["future_attn"], "--plot", str(tmp_path / "loss.png")]) == 0
-    (fig, axes), = figures
-    assert axes.shape == (1, 3)  # train loss, val loss, and one panel for the one future-attention run
-    trains = [r for r in read_log(runs["future_attn"]) if r["type"] == "train"]
-    lines = axes[0, 2].get_lines()
-    assert len(lines) == 2  # its two layers
-    for layer, line in enumerate(lines):
-        assert list(line.get_xdata()) == [r["iter"] for r in trains]
-        assert list(line.get_ydata()) == [r["aux"]["future_attn_loss_per_layer"][layer] for r in trains]
-    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_a_run_saved_before_a_model_field_existed_resumes(data_dir, tmp_path):
-    # a checkpoint and log written before future_kv existed: it takes its default, 'learned'
-    train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=2, eval_interval=2))
-    saved = load_checkpoint(str(tmp_path / "ckpt.pt"), TRAINING_KEYS)
-    del saved["model_args"]["future_kv"]
-    torch.save(saved, tmp_path / "ckpt.pt")
-    result = train.train(config_for(data_dir, tmp_path, model_type="future_attn", max_iters=4, eval_interval=2,
-                                    init_from="resume"))
-    assert result["iter_num"] == 4
-    start = read_log(tmp_path)[0]
-    del start["model_args"]["future_kv"]
-    assert settings.saved_model_args("future_attn", start["model_args"]) == \
-        json.loads(json.dumps(settings.model_args_of(start["config"])))
-    # the setting it lacks must still be the default: another value is a change of model
-    with pytest.raises(cli.UserError, match=r"future_kv \(checkpoint 'learned', config 'computed'\)"):
-        train.train(config_for(data_dir, tmp_path, model_type="future_attn", future_kv="computed", max_iters=6,
-                               init_from="resume"))

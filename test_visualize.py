@@ -22,11 +22,10 @@ import model_future_attn as fa
 import settings
 import train
 import visualize
+from conftest import TINY_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-VOCAB = 61
-C = 12  # block_size of the random models
-TINY = dict(vocab_size=VOCAB, block_size=C, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the random models
 PNG = b"\x89PNG\r\n\x1a\n"
 # matplotlib is optional (requirements-test.txt has it): without it, only the drawings go untested
 draws = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
@@ -36,7 +35,7 @@ def random_model(module, **overrides):
     """A tiny float64 model with every parameter random: near the init, q . k is so small
     that every head attends almost uniformly and a wrong head would go unnoticed."""
     torch.manual_seed(0)
-    model = module.GPT(module.GPTConfig(**{**TINY, **overrides})).double()
+    model = module.GPT(module.GPTConfig(**{**TINY_MODEL, **overrides})).double()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)

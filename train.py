@@ -39,8 +39,6 @@ import checkpoint
 import cli
 import configurator
 import data
-import hardware
-import run_dir
 import settings
 from cli import ConfigError, UserError
 
@@ -127,50 +125,34 @@ def check_finite(iteration, loss, aux, ckpt_path):
 # the run
 
 
-def run(config, rank, world_size, device, stop):
-    """Trains the model config describes, in one process of world_size, until max_iters or a
-    signal (stop.signum); returns the trained (unwrapped) model, iter_num and best_val_loss."""
-    master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-    accum_steps = config["gradient_accumulation_steps"] // world_size  # micro-steps per process
-    tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-    model_args = settings.model_args_of(config)
+def run(config, rank, world_size, device, autocast, stop, saved=None):
+    """Trains the model config describes, in one process of world_size, from scratch or from
+    saved (the ckpt.pt train() read), until max_iters or a signal (stop.signum); returns the
+    trained (unwrapped) model, iter_num and best_val_loss."""
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    dtype, autocast = hardware.autocast_for(config["dtype"], device_type)
-    config = dict(config, dtype=dtype)  # logged and saved as resolved
-    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on CUDA; no effect on a CPU
-    torch.backends.cudnn.allow_tf32 = True
-
     # every rank seeds differently (dropout, batches); DDP copies rank 0's initial weights
     batch_generator = seed_all(config["seed"] + rank)
-    batch = functools.partial(data.get_batch, config["data_dir"], batch_size=config["batch_size"],
-                              block_size=config["block_size"], device=device)
-
+    model_args = settings.model_args_of(config)
     raw_model = settings.build_model(config["model_type"], model_args).to(device)
     optimizer = raw_model.configure_optimizers(
         config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
     )
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # fp16 only
+    scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")  # fp16 only
     iter_num, best_val_loss, last_eval_iter = 0, float("inf"), None
-    ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
-    if config["init_from"] == "resume":
-        iter_num, best_val_loss, last_eval_iter = checkpoint.resume(
-            ckpt_path, config, model_args, raw_model, optimizer, scaler, batch_generator, rank)
-        if config["eval_only"]:
-            return evaluate_only(config, raw_model, batch, autocast, iter_num) if master else None
-        finished = iter_num >= config["max_iters"] and last_eval_iter == iter_num
-        if master:
-            print(f"{ckpt_path} is at iteration {iter_num} and max_iters is {config['max_iters']}: nothing to train "
-                  f"(raise --max_iters to train on)" if finished else
-                  f"resumed from iteration {iter_num} ({ckpt_path}), training to max_iters {config['max_iters']}")
-        if finished:
-            return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
+    if saved:  # the weights, AdamW's state and this rank's random states, as the run left them
+        iter_num, best_val_loss, last_eval_iter = checkpoint.restore(saved, raw_model, optimizer, scaler,
+                                                                     batch_generator, rank)
 
+    master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
+    accum_steps = config["gradient_accumulation_steps"] // world_size  # micro-steps per process
     model = torch.compile(raw_model) if config["compile"] else raw_model
     eval_model = model  # evaluation runs on rank 0 alone, outside DDP
     if ddp:
         model = wrap_ddp(model, config, model_args, device)
-    log_path = os.path.join(config["out_dir"], "log.jsonl")
-    logger = Logger(log_path, config, model_args, raw_model, world_size, tokens_per_iter, iter_num) if master else None
+    batch = batches(config, device)
+    ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
+    logger = Logger(os.path.join(config["out_dir"], "log.jsonl"), config, model_args, raw_model, world_size,
+                    iter_num) if master else None
 
     def save(rng):  # ckpt.pt: the latest state (rank 0 only)
         checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
@@ -229,16 +211,35 @@ def run(config, rank, world_size, device, stop):
     return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
 
 
-def evaluate_only(config, model, batch, autocast, iter_num):
+def batches(config, device):
+    """batch(split, generator): a batch of the data's training or validation tokens, on the device."""
+    return functools.partial(data.get_batch, config["data_dir"], batch_size=config["batch_size"],
+                             block_size=config["block_size"], device=device)
+
+
+def evaluate_only(config, saved, device, autocast):
     """--eval_only: the losses of the saved model, printed and logged as an "eval_only" record,
     which report.py and study.py keep apart from the run's own evaluations."""
-    losses = estimate_loss(model, batch, config["eval_iters"], autocast, config["seed"])
+    model, iter_num = checkpoint.model_from_checkpoint(saved).to(device), saved["iter_num"]
+    losses = estimate_loss(model, batches(config, device), config["eval_iters"], autocast, config["seed"])
     record = dict(type="eval_only", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
                   data_dir=config["data_dir"], eval_iters=config["eval_iters"])
     print(f"evaluation only, of {config['out_dir']}/ckpt.pt at iteration {iter_num} on {config['data_dir']} "
           f"({config['eval_iters']} batches per split): train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    run_dir.append_record(os.path.join(config["out_dir"], "log.jsonl"), record)
+    checkpoint.append_record(os.path.join(config["out_dir"], "log.jsonl"), record)
     return dict(model=model, iter_num=iter_num, best_val_loss=None)
+
+
+def nothing_to_train(config, saved, master):
+    """Whether the saved run is done: at max_iters, with its evaluation there made. Rank 0 says
+    which it is: done, or resumed and training on."""
+    iter_num, ckpt_path = saved["iter_num"], os.path.join(config["out_dir"], "ckpt.pt")
+    finished = iter_num >= config["max_iters"] and saved["last_eval_iter"] == iter_num
+    if master:
+        print(f"{ckpt_path} is at iteration {iter_num} and max_iters is {config['max_iters']}: nothing to train "
+              f"(raise --max_iters to train on)" if finished else
+              f"resumed from iteration {iter_num} ({ckpt_path}), training to max_iters {config['max_iters']}")
+    return finished
 
 
 def stopped_note(signum, iter_num, ckpt_path, world_size):
@@ -262,23 +263,24 @@ def agreed_stop(stop, ddp, device):
 class Logger:
     """Rank 0's records: printed, appended to log.jsonl, and sent to Weights & Biases if asked."""
 
-    def __init__(self, log_path, config, model_args, model, world_size, tokens_per_iter, iter_num):
+    def __init__(self, log_path, config, model_args, model, world_size, iter_num):
+        tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
         self.path, self.model, self.tokens_per_iter = log_path, model, tokens_per_iter
         self.wandb = None
         if config["wandb_log"]:  # first: wandb may fail, and then nothing is logged yet
             import wandb  # check_before_writing made sure it is installed
             wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
             self.wandb = wandb
-        run_dir.end_line(log_path)
+        checkpoint.end_line(log_path)
         self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
                       init_from=config["init_from"], config=config, model_args=model_args))
-        self.flops_promised = hardware.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
+        self.flops_promised = settings.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
         if not config["device"].startswith("cuda"):
-            hardware.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+            settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
 
     def log(self, record):
-        run_dir.log_event(self.path, record)
+        checkpoint.log_event(self.path, record)
         if self.wandb and record["type"] == "eval":
             self.wandb.log({"iter": record["iter"], "train/loss": record["train_loss"], "val/loss": record["val_loss"]})
 
@@ -286,7 +288,7 @@ class Logger:
         """The train record of a step; dt is the mean seconds per step since the last one, over
         which this process ran forward and backward on `sequences` sequences per step."""
         mfu = self.flops_promised and self.model.estimate_mfu(sequences, dt, self.flops_promised)
-        run_dir.log_event(self.path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr, ms_per_iter=dt * 1000,
+        checkpoint.log_event(self.path, dict(type="train", iter=iter_num, loss=loss, aux=aux, lr=lr, ms_per_iter=dt * 1000,
                                           tokens_per_s=self.tokens_per_iter / dt, mfu=mfu))
         if self.wandb:
             self.wandb.log({"iter": iter_num, "train/step_loss": loss, "lr": lr, "mfu": mfu,
@@ -337,6 +339,15 @@ def setup_distributed(config):
     return rank, world_size, device
 
 
+def with_precision(config, device):
+    """(config with its dtype resolved, the autocast context); TF32 matmuls on CUDA."""
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    dtype, autocast = settings.autocast_for(config["dtype"], device_type)
+    torch.backends.cuda.matmul.allow_tf32 = True  # no effect on a CPU
+    torch.backends.cudnn.allow_tf32 = True
+    return dict(config, dtype=dtype), autocast  # the config is logged and saved as resolved
+
+
 def gather_rng_states(batch_generator, world_size):
     """Every rank's random states (checkpoint.get_rng_state), on every rank."""
     states = [None] * world_size
@@ -385,12 +396,22 @@ def train(config):
         if rank == 0:  # rank 0 writes the out_dir, so it holds the lock
             try:
                 check_before_writing(config, world_size)
-                lock = run_dir.claim_out_dir(config)
+                lock = checkpoint.claim_out_dir(config)
             except UserError as e:
                 problem = e
         agree(problem, ddp=world_size > 1)
         with cli.StopRequests() as stop:
-            return run(config, rank, world_size, device, stop)
+            config, autocast = with_precision(config, device)
+            saved = None
+            if config["init_from"] == "resume":  # every rank reads the checkpoint it continues from
+                saved = checkpoint.load_resumable(os.path.join(config["out_dir"], "ckpt.pt"), config,
+                                                  settings.model_args_of(config))
+                if config["eval_only"]:
+                    return evaluate_only(config, saved, device, autocast) if rank == 0 else None
+                if nothing_to_train(config, saved, master=rank == 0):
+                    return dict(model=checkpoint.model_from_checkpoint(saved).to(device), iter_num=saved["iter_num"],
+                                best_val_loss=saved["best_val_loss"])
+            return run(config, rank, world_size, device, autocast, stop, saved)
     finally:
         if lock:
             lock.close()

@@ -1,0 +1,93 @@
+"""
+Tests of sample.py: text from a checkpoint train.py wrote, best.pt or ckpt.pt, a prompt longer
+than the model sees, and settings, prompts and checkpoints it refuses in one line. Tiny models
+with the GPT-2 vocabulary on a CPU; offline, export TIKTOKEN_CACHE_DIR first.
+Run: python -m pytest -q test_sample.py
+"""
+
+import os
+
+import pytest
+import torch
+
+import configurator
+import sample
+import train
+from checkpoint import load_checkpoint
+from conftest import argv_for, last_error
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+# --------------------------------------------------------------------------------------
+# sampling
+
+
+def test_sample_from_a_checkpoint(trained_runs, tmp_path, capsys):
+    argv = ["--out_dir=" + trained_runs["baseline"], "--device=cpu", "--num_samples=2", "--max_new_tokens=5"]
+    assert sample.main(argv + ["--start=Hello world"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Hello world") == 2 and out.count("---------------") == 2
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Once upon a time<|endoftext|>")
+    texts = sample.sample(configurator.merge(sample.DEFAULTS, *configurator.parse(argv + [f"--start=FILE:{prompt}"])))
+    assert len(texts) == 2 and all(t.startswith("Once upon a time<|endoftext|>") for t in texts)
+
+
+def test_sample_reads_best_or_latest(data_dir, tmp_path, capsys, monkeypatch):
+    out_dir = tmp_path / "run"
+    assert train.main(argv_for(data_dir, out_dir, vocab_size=50257, max_iters=2, eval_interval=2)) == 0
+    loaded = []
+    monkeypatch.setattr(sample, "load_checkpoint", lambda path: loaded.append(path) or load_checkpoint(path))
+    for which, name in (("best", "best.pt"), ("latest", "ckpt.pt")):
+        assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1", f"--checkpoint={which}"]) == 0
+        assert loaded[-1] == os.path.join(str(out_dir), name)
+    os.remove(out_dir / "best.pt")  # a run from before best.pt: its latest state, said so
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1"]) == 0
+    assert loaded[-1].endswith("ckpt.pt") and "has no best.pt" in capsys.readouterr().out
+
+
+def test_sample_says_once_that_it_crops_a_long_prompt(data_dir, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(argv_for(data_dir, out_dir, vocab_size=50257, max_iters=2, eval_interval=2)) == 0
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--num_samples=2", "--max_new_tokens=3",
+                        "--start=word" + " word" * 39]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: the prompt has 40 tokens; the model sees only the last 16") == 1
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=3", "--start=word"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------
+# what it refuses
+
+
+def test_sample_refuses_missing_or_foreign_checkpoint(tmp_path, capsys):
+    assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
+    assert f"no checkpoint at {tmp_path}/best.pt" in capsys.readouterr().err
+    torch.save({"model_args": {}}, tmp_path / "ckpt.pt")
+    assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "not a checkpoint written by train.py" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--temperature=0", "temperature must be > 0, got 0.0 (for greedy decoding use --top_k=1)"),
+    ("--temperature=-1", "temperature must be > 0"),
+    ("--top_k=-3", "top_k must be >= 0"),
+    ("--num_samples=0", "num_samples must be at least 1"),
+    ("--dtype=half", "dtype must be one of"),
+    ("--device=gpu", "device must be 'cpu', 'cuda' or 'cuda:N'"),
+])
+def test_sample_bad_setting_is_one_line(setting, message, tmp_path, capsys):
+    assert sample.main([f"--out_dir={tmp_path}", setting]) == 2
+    err = last_error(capsys)
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_sample_prompt_file_must_be_utf8(tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes("Café au lait".encode("latin-1"))
+    assert sample.main([f"--out_dir={tmp_path}", f"--start=FILE:{prompt}", "--device=cpu"]) == 2
+    assert f"prompt file {prompt} is not UTF-8 text (byte 0xe9 at offset 3)" in last_error(capsys)

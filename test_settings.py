@@ -1,0 +1,186 @@
+"""
+Tests of settings.py and the config files it reads: each model's own keys, the checks that refuse
+a bad setting before training in one line, --help with a config's values, the shipped configs
+(the write-ups' parameter counts and settings, the next steps' bases), and the machine: a GPU
+config on a CPU, the GPU peaks MFU is measured against.
+Run: python -m pytest -q test_settings.py
+"""
+
+import glob
+import os
+
+import pytest
+import torch
+
+import report
+import settings
+import train
+from cli import ConfigError
+from conftest import NEXT_STEP_COUNTS, NEXT_STEPS, REPO, argv_for, last_error
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+# the write-ups' parameter counts (report.WRITEUP): the configs must reproduce them exactly
+SEED_PARAMS = {name: published["params"] for name, published in report.WRITEUP.items()}
+
+
+# --------------------------------------------------------------------------------------
+# settings: each model's keys, the checks
+
+
+def test_model_keys_are_valid_only_for_their_model(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'future_dim'"):
+        settings.get_config(["--future_dim=50"])  # the baseline has no future_dim
+    assert settings.get_config(["--model_type=future_attn", "--future_dim=50"])["future_dim"] == 50
+    path = tmp_path / "fa.py"
+    path.write_text("model_type = 'future_attn'\n")
+    assert settings.get_config([str(path), "--future_dim=7"])["future_dim"] == 7  # model_type from the file
+    with pytest.raises(ConfigError, match="unknown key 'embedding_loss_type'"):
+        settings.get_config(["--model_type=future_attn", "--embedding_loss_type=mse"])
+    with pytest.raises(ConfigError, match="model_type must be one of"):
+        settings.get_config(["--model_type=lstm"])
+    # a value the model rejects comes back as a ConfigError naming the field
+    with pytest.raises(ConfigError, match="future_dim"):
+        settings.model_args_of(settings.get_config(["--model_type=future_attn", "--future_dim=500"]))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--learning_rate=0", "learning_rate must be > 0"),
+    ("--learning_rate=-1e-3", "learning_rate must be > 0"),
+    ("--beta1=1.0", "beta1 must be in [0, 1)"),
+    ("--beta2=-0.1", "beta2 must be in [0, 1)"),
+    ("--seed=-1", "seed must be >= 0"),
+    ("--max_iters=-5", "max_iters must be >= 0"),
+    ("--warmup_iters=700000", "warmup_iters (700000) must be below lr_decay_iters (700000)"),
+    ("--min_lr=0.1", "min_lr (0.1) must not exceed learning_rate (0.001)"),
+    ("--device=gpu", "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    pytest.param("--device=cuda", "this machine has no CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bad_setting_is_one_line(setting, message, data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, lr_decay_iters=700000) + [setting]) == 2
+    err = last_error(capsys)
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "log.jsonl")
+
+
+def test_warmup_as_long_as_decay_fails_before_training_not_after(data_dir, tmp_path, capsys):
+    # it used to divide by zero once training reached lr_decay_iters
+    argv = argv_for(data_dir, tmp_path, warmup_iters=3, lr_decay_iters=3, max_iters=5)
+    assert train.main(argv) == 2
+    assert "warmup_iters (3) must be below lr_decay_iters (3)" in last_error(capsys)
+    assert train.main(argv + ["--decay_lr=False"]) == 0
+
+
+def test_train_help_shows_the_values_a_config_gives(capsys):
+    assert train.main([os.path.join(REPO, "config/future50_mse.py"), "--max_iters=7", "-h"]) == 0
+    out = capsys.readouterr().out
+    assert "--future_dim=50" in out and "--max_iters=7" in out and "--model_type='future_attn'" in out
+
+
+# --------------------------------------------------------------------------------------
+# the config files
+
+
+def test_every_config_has_a_file():
+    names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
+    assert names == set(SEED_PARAMS) | set(NEXT_STEPS) | {"tiny_cpu"}
+
+
+def config_and_model(name):
+    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
+    module = settings.MODELS[config["model_type"]]
+    with torch.device("meta"):  # shapes only, no memory or init time
+        return config, module.GPT(module.GPTConfig(**settings.model_args_of(config)))
+
+
+@pytest.mark.parametrize("name", NEXT_STEPS)
+def test_next_step_config_is_its_base_with_the_step(name):
+    config, model = config_and_model(name)
+    expected = {n: count for n, _, _, count in NEXT_STEP_COUNTS}[name]
+    assert model.get_num_params() == expected
+    # the header states the count and the FLOPs per token of this very model
+    with open(os.path.join(REPO, "config", f"{name}.py")) as f:
+        header = f.read().split("\n\n")[0]
+    assert f"{expected:,} parameters" in header
+    assert f"{model.flops_per_token():,} training FLOPs per token" in header
+    assert f"python train.py config/{name}.py" in header and "python study.py config/" in header
+    assert config["out_dir"] == f"out-{name}"
+    base, step = NEXT_STEPS[name]
+    if base is not None:
+        # everything else, training included, as in the base run
+        base_config = settings.get_config([os.path.join(REPO, "config", f"{base}.py")])
+        assert config == dict(base_config, **step, out_dir=f"out-{name}")
+
+
+def test_gpt2_configs_compare_models_of_equal_size_on_equal_training():
+    runs = {name: config_and_model(name) for name in NEXT_STEPS if name.startswith("gpt2_")}
+    counts = [model.get_num_params() for _, model in runs.values()]
+    assert max(counts) / min(counts) < 1.02
+    model_keys = {field for module in settings.MODELS.values() for field in module.GPTConfig.__dataclass_fields__}
+    training = [{k: v for k, v in config.items() if k not in model_keys | {"out_dir", "model_type"}}
+                for config, _ in runs.values()]
+    assert all(t == training[0] for t in training)
+    assert all(c["block_size"] == 1024 and c["vocab_size"] == 50257 for c, _ in runs.values())
+    config = next(iter(runs.values()))[0]
+    tokens_per_step = config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
+    assert tokens_per_step == 163_840 and config["gradient_accumulation_steps"] % 8 == 0  # 1, 2, 4 or 8 GPUs
+    for config, _ in runs.values():  # head sizes multiples of 8
+        assert config["n_embd"] // config["n_head"] % 8 == 0
+        if config["model_type"] == "encdec":
+            assert config["n_embd"] // config["cross_n_head"] % 8 == 0
+
+
+@pytest.mark.parametrize("name, expected", SEED_PARAMS.items())
+def test_seed_config_builds_the_seed_parameter_count(name, expected):
+    config = settings.get_config([os.path.join(REPO, "config", f"{name}.py")])
+    module = settings.MODELS[config["model_type"]]
+    with torch.device("meta"):  # shapes only, no memory or init time
+        model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
+    assert model.get_num_params() == expected
+    assert config["out_dir"] == f"out-{name}"
+    seed_settings = dict(vocab_size=50257, block_size=200, bias=False, batch_size=50, gradient_accumulation_steps=16,
+                         learning_rate=9e-4, min_lr=9e-5, warmup_iters=300, lr_decay_iters=700000, max_iters=9000,
+                         weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=200, grad_clip=0.0)
+    assert {k: config[k] for k in seed_settings} == seed_settings
+    assert config["dropout"] == (0.2 if name == "dropout02_baseline" else 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# the machine
+
+
+def test_gpu_config_on_a_cpu_says_it_will_be_slow(capsys):
+    for path, slow in (("config/baseline.py", True), ("config/tiny_cpu.py", False)):
+        config = settings.get_config([os.path.join(REPO, path), "--device=cpu", "--compile=False"])
+        module = settings.MODELS[config["model_type"]]
+        with torch.device("meta"):  # the FLOP count needs the shapes only
+            model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
+        tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+        settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+        out = capsys.readouterr().out
+        assert ("this config is sized for a GPU: 17 TFLOP per optimizer step" in out) == slow, out
+        assert ("use config/tiny_cpu.py" in out) == slow
+
+
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H100 80GB HBM3", 989.4e12),  # SXM
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989.4e12),
+    ("NVIDIA H200 NVL", 835e12),
+    ("NVIDIA GH200 480GB", 989.4e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100-PCIE-40GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA H100 PCIE", 756e12),  # NVIDIA's capitals vary (A100-PCIE, A100 80GB PCIe)
+])
+def test_peak_flops_by_device_name(name, flops, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert settings.peak_flops("cuda") == flops
+
+
+def test_an_unknown_gpu_gets_no_mfu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
+    assert settings.peak_flops("cuda") is None
+    assert "no bf16 peak known for NVIDIA GeForce RTX 4090, so MFU is not reported" in capsys.readouterr().out
