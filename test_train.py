@@ -381,7 +381,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
                     "max_iters": 6, "eval_interval": 2})
     assert train.main(argv) == 1
     err = capsys.readouterr().err
-    assert f"iteration 4: non-finite {poisoned} (" in err and "Traceback" not in err
+    assert f"iteration 4: non-finite {poisoned}" in err and "Traceback" not in err
     checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 2  # saved at the eval of step 2, never after
     assert all(torch.isfinite(p).all() for p in checkpoint["model"].values())
@@ -399,7 +399,7 @@ def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, caps
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
     err = last_error(capsys)
-    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the last saved state" in err
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt (iteration 0) holds the last good state" in err
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
 
 
