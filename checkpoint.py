@@ -254,10 +254,12 @@ def check_crc(path):
         return
     if damaged:
         folder, name = os.path.split(path)
-        other = os.path.join(folder, "best.pt" if name == "ckpt.pt" else "ckpt.pt")
+        advice = {  # what else the run's folder may offer
+            "ckpt.pt": f"; {os.path.join(folder, 'best.pt')} (the best model, no optimizer state) may be whole",
+            "best.pt": f", or load the latest state instead (--checkpoint=latest, {os.path.join(folder, 'ckpt.pt')})",
+        }.get(name, "")
         raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check (the file changed on disk "
-                        f"after it was written) — replace it with a good copy, use {other} if that one is whole, "
-                        f"or train again")
+                        f"after it was written) — restore a good copy of it, or train again{advice}")
 
 
 def saved_iteration(path):
