@@ -508,6 +508,23 @@ def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, caps
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
 
 
+def test_fp16_leaves_an_overflowing_step_to_the_gradient_scaler(data_dir, tmp_path, monkeypatch):
+    module = settings.MODELS["baseline"]
+    forward, calls = module.GPT.forward, []
+
+    def overflowing_forward(self, idx, targets=None):  # iteration 2's loss, finite, overflows once scaled
+        logits, loss, aux = forward(self, idx, targets)
+        if self.training:
+            calls.append(1)
+        return logits, loss * 1e36 if self.training and len(calls) in (3, 4) else loss, aux
+
+    monkeypatch.setattr(module.GPT, "forward", overflowing_forward)
+    assert train.main(argv_for(data_dir, tmp_path, dtype="float16", max_iters=4, eval_interval=4)) == 0
+    saved = load_checkpoint(tmp_path / "ckpt.pt", TRAINING_KEYS)
+    assert saved["iter_num"] == 4 and saved["scaler"]["scale"] == 2.0 ** 15  # skipped, and the scale halved
+    assert finite(tmp_path / "ckpt.pt")
+
+
 def strict_records(out_dir):
     """log.jsonl through a strict parser: a bare NaN or Infinity, which jq rejects, fails."""
     def refuse(constant):

@@ -17,7 +17,10 @@ JSON lines to out_dir/log.jsonl ("start", "train", "eval" records), and at every
 writes the whole state to out_dir/ckpt.pt and, when val improved, the model to best.pt.
 Ctrl-C or SIGTERM stops the run after the current step, with its state saved; a new run
 refuses an out_dir that already holds a run (resume it, or pass --overwrite=True), and a run
-locks its out_dir (out_dir/train.lock) so that a second one cannot write there too.
+locks its out_dir (out_dir/train.lock) so that a second one cannot write there too. A loss or
+gradient that is not finite stops the run before it reaches the weights, and nothing non-finite
+is ever saved; a run records the sha256 of its data and holds data_dir/data.lock shared while it
+trains, and a resume on other data is refused (docs/training.md, "What is checked, and when").
 """
 
 import functools
@@ -193,7 +196,7 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
 
     def evaluate(rng):  # estimate the losses, log them, save what is finite; the problem that stops the run, or None
         nonlocal best_val_loss, first_val_loss
-        if data.stamps(config["data_dir"]) != data_stamps:
+        if data_stamps is not None and data.stamps(config["data_dir"]) != data_stamps:
             return UserError(f"the data in {config['data_dir']} changed during the run (train.bin, val.bin or "
                              f"meta.json were rewritten): stopped without saving; {ckpt_path} keeps the state trained "
                              f"on the data this run started with — resume it on that data, or with --new_data=True")
