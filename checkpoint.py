@@ -37,8 +37,8 @@ from contextlib import suppress
 import numpy as np
 import torch
 
-import settings
 import data
+import settings
 from cli import UserError, write_atomically, write_problem
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes

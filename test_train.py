@@ -234,22 +234,22 @@ def test_a_run_records_its_data_and_resumes_only_on_it(data_dir, tmp_path, capsy
     assert best["data"]["val_sha256"] == sha256(f"{other}/val.bin")
 
 
-def test_a_live_run_makes_prepare_refuse_its_data_dir(data_dir, tmp_path):
+def test_a_live_run_makes_prepare_refuse_its_data_dir(data_dir, tmp_path, capsys):
+    prepare_wikipedia = pytest.importorskip("prepare_wikipedia")  # tiktoken and requests
     ours = data_copy(data_dir, tmp_path / "data")
     files = {name: (tmp_path / "data" / name).read_bytes() for name in ("train.bin", "val.bin")}
     (tmp_path / "text.txt").write_text("".join(f" = Article {i} = \n \n Words of article {i} . \n \n" for i in range(4)))
-    prepare = [sys.executable, "prepare_wikipedia.py", "--input", str(tmp_path / "text.txt"), "--out_dir", ours,
-               "--num_proc", "1"]
-    process = start(run_argv(ours, tmp_path / "out", max_iters=100_000))
+    prepare = ["--input", str(tmp_path / "text.txt"), "--out_dir", ours, "--num_proc", "1"]
+    process = start(run_argv(ours, tmp_path / "out", max_iters=100_000))  # a live train.py process
     try:
         wait_for(trained_to(tmp_path / "out", 1), process)
-        refused = subprocess.run(prepare, cwd=REPO, env=ENV, capture_output=True, text=True)
-        assert refused.returncode == 1 and f"a run is training from {ours}" in refused.stderr
+        assert prepare_wikipedia.main(prepare) == 1
+        assert f"error: a run is training from {ours}" in last_error(capsys)
         assert {name: (tmp_path / "data" / name).read_bytes() for name in files} == files
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate()
-    assert subprocess.run(prepare, cwd=REPO, env=ENV, capture_output=True).returncode == 0  # the run has ended
+    assert prepare_wikipedia.main(prepare) == 0  # the run has ended
 
 
 def test_data_rewritten_during_a_run_stops_it_at_the_next_evaluation(data_dir, tmp_path, monkeypatch, capsys):
@@ -557,16 +557,18 @@ def test_a_diverging_run_saves_no_non_finite_value(grad_clip, data_dir, tmp_path
     assert max(r.get("iter", 0) for r in read_log(tmp_path)) == iteration
 
 
-def test_the_command_a_diverged_run_gives_resumes_it(data_dir, tmp_path):
+def test_the_command_a_diverged_run_gives_resumes_it(data_dir, tmp_path, monkeypatch, capsys):
     argv = argv_for(data_dir, tmp_path, **DIVERGING, grad_clip=1.0)
-    diverged = subprocess.run([sys.executable, "train.py", *argv], cwd=REPO, env=ENV, capture_output=True, text=True)
-    assert diverged.returncode == 1
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])  # the command line the message repeats
+    assert train.main(argv) == 1
     iteration = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
-    command = shlex.split(diverged.stderr.split("resume it with half the learning rate: ")[1])
+    command = shlex.split(last_error(capsys).split("resume it with half the learning rate: ")[1])
     assert command[:2] == ["python", "train.py"] and command[-2:] == ["--init_from=resume", "--learning_rate=500"]
-    resumed = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=ENV, capture_output=True, text=True)
-    assert f"resumed from iteration {iteration} " in resumed.stdout and "Traceback" not in resumed.stderr
-    assert "resumed with settings that differ from the checkpoint's: learning_rate 1000.0 → 500.0" in resumed.stdout
+    monkeypatch.setattr(sys, "argv", command[1:])
+    assert train.main(command[2:]) in (0, 1)  # trains on, or stops again at a non-finite step
+    resumed = capsys.readouterr()
+    assert f"resumed from iteration {iteration} " in resumed.out and "Traceback" not in resumed.err
+    assert "resumed with settings that differ from the checkpoint's: learning_rate 1000.0 → 500.0" in resumed.out
     assert [r["config"]["learning_rate"] for r in strict_records(tmp_path) if r["type"] == "start"] == [1000.0, 500.0]
     assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
 
