@@ -9,6 +9,7 @@ Run: python -m pytest -q test_train.py
 
 import collections
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -250,6 +251,16 @@ def test_a_live_run_makes_prepare_refuse_its_data_dir(data_dir, tmp_path, capsys
         process.send_signal(signal.SIGTERM)
         process.communicate()
     assert prepare_wikipedia.main(prepare) == 0  # the run has ended
+
+
+def test_a_data_dir_being_prepared_is_refused(data_dir, tmp_path, capsys):
+    ours = data_copy(data_dir, tmp_path / "data")
+    with open(f"{ours}/data.lock", "a+") as preparing:  # as prepare_wikipedia.py holds it while it writes
+        fcntl.flock(preparing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert train.main(argv_for(ours, tmp_path / "out", max_iters=2)) == 1
+    assert last_error(capsys) == (f"error: {ours} is being written by prepare_wikipedia.py (it holds {ours}/data.lock): "
+                                  "wait for it to end, or train from another --data_dir\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_data_rewritten_during_a_run_stops_it_at_the_next_evaluation(data_dir, tmp_path, monkeypatch, capsys):
