@@ -6,31 +6,38 @@ to resume, sample.py and the other scripts to load a model, report.py and study.
     out_dir/log.jsonl   JSON lines: a "start" record per launch, "train" records every
                         log_interval steps, "eval" records at every loss estimate, and an
                         "eval_only" record for each --eval_only evaluation (kept apart from
-                        the run's own).
+                        the run's own). Strict JSON: a non-finite number is written as null
+                        and named in the record's "nonfinite" list.
     out_dir/ckpt.pt     the latest state: written at every evaluation, at the end, and when a
                         signal stops the run. Model, AdamW's state, the config, the iteration,
                         the best val loss so far, and every random state training reads, one
                         per process, so that a resumed run draws exactly what an unbroken one
-                        would. train.py resumes from it.
+                        would, and the identity of the data (data.check_data). train.py
+                        resumes from it. Never written with a non-finite weight or optimizer
+                        value.
     out_dir/best.pt     the model of the evaluation with the lowest val loss (no optimizer
                         state). sample.py and visualize.py load it unless told otherwise.
 
 The checkpoints are dicts of plain tensors and Python values (torch.load with weights_only=True
 reads them), written under a temporary name and then renamed: a crash, a full disk or a second
-Ctrl-C mid-save leaves the previous file whole.
+Ctrl-C mid-save leaves the previous file whole. Reading one checks the CRC32 that torch's zip
+container stores for every member, so bits that changed on disk are refused, not trained on.
 """
 
 import fcntl
 import json
+import math
 import os
 import random
 import socket
 import time
+import zipfile
 from contextlib import suppress
 
 import numpy as np
 import torch
 
+import data
 import settings
 from cli import UserError, write_atomically, write_problem
 
@@ -102,13 +109,30 @@ def end_line(path):
 
 
 def append_record(path, record):
-    """Append one record (with the time) to the log as a JSON line."""
-    record = dict(record, time=time.time())
+    """Append one record (with the time) to the log as a JSON line of strict JSON: a non-finite
+    number (which jq and JavaScript reject) becomes null, and the record lists its name under
+    "nonfinite", e.g. ["val_loss"] or ["aux/future_attn_loss_per_layer/2"]."""
+    nonfinite = []
+    record = dict(finite_only(record, "", nonfinite), time=time.time())
+    if nonfinite:
+        record["nonfinite"] = nonfinite
     try:
         with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
     except OSError as e:
         raise UserError(write_problem(path, e)) from None
+
+
+def finite_only(value, name, nonfinite):
+    """value with every non-finite float replaced by None, whose names are appended to nonfinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        nonfinite.append(name)
+        return None
+    if isinstance(value, dict):
+        return {key: finite_only(item, f"{name}/{key}" if name else key, nonfinite) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_only(item, f"{name}/{index}", nonfinite) for index, item in enumerate(value)]
+    return value
 
 
 def log_event(path, record):
@@ -160,9 +184,23 @@ def set_rng_state(state, batch_generator):
 
 
 def save_checkpoint(path, checkpoint):
-    """Write atomically (see write_atomically): a crash mid-save leaves the previous file whole."""
+    """Write atomically (see write_atomically): a crash mid-save leaves the previous file whole.
+    A state holding a non-finite tensor is refused (UserError), and the previous file kept."""
+    bad = nonfinite_tensors(checkpoint)
+    if bad:
+        raise UserError(f"not saving {path}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold non-finite "
+                        f"values; the previous {os.path.basename(path)} is kept")
     size = sum(t.numel() * t.element_size() for t in tensors_in(checkpoint))
     write_atomically(path, lambda f: torch.save(checkpoint, f), size=size)
+
+
+def nonfinite_tensors(state, name=""):
+    """The names (model/..., optimizer/...) of the floating-point tensors in a checkpoint that hold
+    a NaN or an infinity; one check per tensor, made at saves only."""
+    if isinstance(state, torch.Tensor):
+        return [name] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    return [bad for key, item in items for bad in nonfinite_tensors(item, f"{name}/{key}" if name else str(key))]
 
 
 def tensors_in(value):
@@ -186,6 +224,7 @@ def load_checkpoint(path, keys=MODEL_KEYS):
             raise UserError(f"no checkpoint at {path}: the run in {folder} stopped before its first one — start it "
                             f"again with --overwrite=True (deletes its log.jsonl), or use another --out_dir")
         raise UserError(f"no checkpoint at {path} — train one first (python train.py CONFIG --out_dir={folder})")
+    check_crc(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file; torch's own advice (weights_only=False) would run its code
@@ -204,9 +243,29 @@ def load_checkpoint(path, keys=MODEL_KEYS):
     return checkpoint
 
 
+def check_crc(path):
+    """Refuse a checkpoint whose bytes changed after it was written: torch's zip container stores a
+    CRC32 per member, and ZipFile.testzip() reads every member against it. A file that is not a
+    zip at all is left to torch.load, whose failure says so."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # the first member whose bytes fail their CRC32, or None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return
+    if damaged:
+        folder, name = os.path.split(path)
+        advice = {  # what else the run's folder may offer
+            "ckpt.pt": f"; {os.path.join(folder, 'best.pt')} (the best model, no optimizer state) may be whole",
+            "best.pt": f", or load the latest state instead (--checkpoint=latest, {os.path.join(folder, 'ckpt.pt')})",
+        }.get(name, "")
+        raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check (the file changed on disk "
+                        f"after it was written) — restore a good copy of it, or train again{advice}")
+
+
 def saved_iteration(path):
     """The iteration of a checkpoint, read without loading its tensors into memory (study.py
     reads it for every run folder); the UserError of load_checkpoint for a file it cannot read."""
+    check_crc(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
     except Exception:
@@ -254,17 +313,62 @@ def check_resume(checkpoint, config, model_args):
         raise UserError(f"cannot resume: model settings differ from the checkpoint's: {', '.join(differ)}")
 
 
-def model_state(config, model_args, model, iter_num, best_val_loss):
-    """best.pt: the model at iter_num, whose val loss is best_val_loss."""
+def model_state(config, model_args, model, iter_num, best_val_loss, data_identity):
+    """best.pt: the model at iter_num, whose val loss is best_val_loss, and the data it trained on."""
     return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args, model=model.state_dict(),
-                config=config, iter_num=iter_num, best_val_loss=best_val_loss)
+                config=config, iter_num=iter_num, best_val_loss=best_val_loss, data=data_identity)
 
 
-def training_state(config, model_args, model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter):
+def training_state(config, model_args, model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter,
+                   data_identity, first_val_loss):
     """ckpt.pt: everything a resumed run needs, at iter_num; last_eval_iter says whether the
-    evaluation at iter_num (if it is an eval step) is done, so a resumed run knows to make it."""
-    return dict(model_state(config, model_args, model, iter_num, best_val_loss), optimizer=optimizer.state_dict(),
-                scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter)
+    evaluation at iter_num (if it is an eval step) is done, so a resumed run knows to make it;
+    first_val_loss is the run's first evaluation's, which later ones are compared with."""
+    return dict(model_state(config, model_args, model, iter_num, best_val_loss, data_identity),
+                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter,
+                first_val_loss=first_val_loss)
+
+
+LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # how a launch starts, not what it trains
+
+
+def changed_settings(checkpoint, config):
+    """'key old → new, ...' for every setting of config that differs from the checkpoint's config
+    (keys the checkpoint predates left out), or None."""
+    saved = checkpoint["config"]
+    changed = [f"{key} {saved[key]!r} → {value!r}" for key, value in config.items()
+               if key in saved and key not in LAUNCH_KEYS and saved[key] != value]
+    return ", ".join(changed) or None
+
+
+def check_data_identity(checkpoint, identity, new_data, out_dir):
+    """Resuming on other data is refused unless new_data; with it, best.pt starts afresh when the val
+    data changed (a val loss compares only with those measured on the same val data): the previous
+    best.pt is renamed, and the checkpoint's best_val_loss and first_val_loss are reset."""
+    saved = checkpoint.get("data")
+    if saved is None:  # written before checkpoints recorded their data
+        print(f"note: {out_dir}/ckpt.pt does not record the data it trained on; from now on it records "
+              f"{data.short_identity(identity)}")
+        return
+    same = [split for split in ("train", "val") if saved[f"{split}_sha256"] == identity[f"{split}_sha256"]]
+    if len(same) == 2:
+        return
+    if not new_data:
+        raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data, {data.short_identity(saved)}, than "
+                        f"{data.short_identity(identity)}: resume with that data, or pass --new_data=True to train "
+                        f"on this data from here")
+    print(f"new_data=True: training on {data.short_identity(identity)} from here (before: {data.short_identity(saved)})")
+    if "val" in same:
+        return
+    checkpoint["best_val_loss"], checkpoint["first_val_loss"] = float("inf"), None
+    best = os.path.join(out_dir, "best.pt")
+    if os.path.isfile(best):
+        kept, number = os.path.join(out_dir, f"best-val-{saved['val_sha256'][:12]}.pt"), 1
+        while os.path.exists(kept):  # a name no earlier change of data took
+            number += 1
+            kept = os.path.join(out_dir, f"best-val-{saved['val_sha256'][:12]}-{number}.pt")
+        os.replace(best, kept)
+        print(f"new_data=True: the val data changed, so best.pt starts afresh; the previous one is kept as {kept}")
 
 
 def load_resumable(path, config, model_args):

@@ -6,9 +6,11 @@ models. A helper one file alone uses stays in that file; no test file imports an
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -175,6 +177,22 @@ def config_for(data_dir, out_dir, **overrides):
 def read_log(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def flip_bits(path, bits=3):
+    """Flip `bits` bits in the middle of the largest tensor's bytes of a checkpoint train.py wrote,
+    as a failing disk or a bad copy does: the zip container stays whole, the CRC32 no longer fits."""
+    with zipfile.ZipFile(path) as archive:
+        member = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(member.header_offset + 26)  # the local header: name and extra lengths, then the bytes
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        start = member.header_offset + 30 + name_len + extra_len + member.file_size // 2
+        f.seek(start)
+        damaged = bytes(byte ^ (1 << bit) for byte, bit in zip(f.read(bits), range(bits)))
+        f.seek(start)
+        f.write(damaged)
+    return member.filename
 
 
 def last_error(capsys):

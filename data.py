@@ -1,9 +1,11 @@
 """
 The token files prepare_wikipedia.py writes (data_dir/train.bin, val.bin: flat uint16 GPT-2
 token ids, nanoGPT's layout, and meta.json): the checks made before training starts, and the
-random batches training and evaluation draw from them.
+random batches training and evaluation draw from them; what identifies the data a run trains on
+(the sha256 of each file), and the shared lock a run holds on its data folder.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -15,13 +17,17 @@ from cli import UserError
 
 DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
 SNIFF_BYTES = 1 << 20  # how much of a .bin without meta.json is read to tell its format
+DATA_LOCK = "data.lock"  # in a data folder: the lock prepare_wikipedia.lock_data_dir() describes
+SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so first
 
 
 def check_data(data_dir, block_size, vocab_size):
     """Refuse, before training starts, data that would fail mid-run: missing, damaged or short
-    files, token ids beyond the vocabulary, or a train.bin and val.bin from two preparations."""
+    files, token ids beyond the vocabulary, or a train.bin and val.bin from two preparations.
+    Returns the data's identity: {"data_dir", "train_sha256", "val_sha256"}, the hashes that
+    meta.json records (checked against the files), or computed when there is no meta.json."""
     meta_path = os.path.join(data_dir, "meta.json")
-    meta = {}
+    meta, identity = {}, {"data_dir": data_dir}
     if os.path.isfile(meta_path):
         try:
             with open(meta_path) as f:
@@ -51,7 +57,10 @@ def check_data(data_dir, block_size, vocab_size):
         if "tokens" in recorded and recorded["tokens"] != n_tokens:
             raise UserError(f"{path} holds {n_tokens:,} tokens but {meta_path} records {recorded['tokens']:,}: "
                             f"the files come from different preparations — prepare the data again")
-        if "sha256" in recorded and sha256_of(path) != recorded["sha256"]:
+        if n_bytes >= SLOW_HASH_BYTES:
+            print(f"hashing {path} ({n_bytes / 1e9:,.1f} GB) to identify the data, once per launch")
+        identity[f"{split}_sha256"] = sha256_of(path)
+        if "sha256" in recorded and identity[f"{split}_sha256"] != recorded["sha256"]:
             raise UserError(f"{path} does not match the sha256 in {meta_path}: the file changed after it was "
                             f"prepared — prepare the data again")
         max_token_id = recorded.get("max_token_id")
@@ -63,6 +72,49 @@ def check_data(data_dir, block_size, vocab_size):
     if not meta:
         print(f"note: {data_dir} has no meta.json, so train.bin and val.bin cannot be checked against "
               f"each other (prepare_wikipedia.py writes it last; without it, the preparation may not have finished)")
+    return identity
+
+
+def short_identity(identity):
+    """'data/x (train 1a2b3c4d5e6f, val 7a8b9c0d1e2f)': a data identity in a message."""
+    return f"{identity['data_dir']} (train {identity['train_sha256'][:12]}, val {identity['val_sha256'][:12]})"
+
+
+def stamps(data_dir):
+    """{file name: (size, modification time)} of the data's files (None for a missing one): a cheap
+    check, at each evaluation, that nothing rewrote them since the run hashed them."""
+    found = {}
+    for name in ("train.bin", "val.bin", "meta.json"):
+        try:
+            stat = os.stat(os.path.join(data_dir, name))
+            found[name] = (stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            found[name] = None
+    return found
+
+
+def hold_for_reading(data_dir):
+    """A shared lock on data_dir/data.lock, held until the returned file is closed (or the process
+    ends): any number of runs hold it together, and prepare_wikipedia.py, which needs it exclusively
+    to write, refuses the folder meanwhile. A folder being prepared now is refused. None where no
+    lock file can be opened (a read-only folder, say): the run then relies on stamps() alone."""
+    path = os.path.join(data_dir, DATA_LOCK)
+    lock = None
+    for mode in ("a+", "r"):  # "r" for a lock file that exists in a folder we cannot write
+        try:
+            lock = open(path, mode)
+            break
+        except OSError:
+            continue
+    if lock is None:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise UserError(f"{data_dir} is being written by prepare_wikipedia.py (it holds {path}): wait for it "
+                        f"to end, or train from another --data_dir") from None
+    return lock
 
 
 def check_format(path):

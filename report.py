@@ -68,7 +68,8 @@ def read_log(out_dir):
                 continue
             if record.get("type") == "start":
                 launch = record["time"]
-                records = [r for r in records if r.get("iter", 0) <= record["iter_num"]]
+                # a launch's start counts as at its iteration, so a later one from an earlier checkpoint replaces it
+                records = [r for r in records if r.get("iter", r.get("iter_num", 0)) <= record["iter_num"]]
             elif launch is not None and record.get("type") != "eval_only":  # an evaluation later on is not training time
                 wall_s += record["time"] - max(launch, records[-1]["time"])
             records.append(record)
@@ -84,6 +85,19 @@ def final_numbers(records):
     evals = [r for r in records if r["type"] == "eval"]
     trains = [r for r in records if r["type"] == "train"]
     return start, evals[-1] if evals else None, trains[-1]["aux"] if trains else {}
+
+
+def tokens_trained(records, iters):
+    """Tokens over the launches of a run's records (read_log): each launch's tokens_per_iter times
+    the iterations it ran, from its start to the next launch's start (or to iters)."""
+    starts = [r for r in records if r["type"] == "start"]
+    ends = [r["iter_num"] for r in starts[1:]] + [iters]
+    return sum(start["tokens_per_iter"] * (end - start["iter_num"]) for start, end in zip(starts, ends))
+
+
+def loss_text(value):
+    """A logged loss in the table: null is a non-finite value (the record's "nonfinite" names it)."""
+    return "non-finite" if value is None else f"{value:.3f}"
 
 
 @functools.cache
@@ -130,10 +144,10 @@ def summarize(out_dir):
         "model_type": start["model_type"],
         "params": f"{start['num_params']:,}",
         "iters": str(iters),
-        "tokens": f"{iters * start['tokens_per_iter']:,}",
-        "train loss": f"{last_eval['train_loss']:.3f}" if last_eval else "-",
-        "val loss": f"{last_eval['val_loss']:.3f}" if last_eval else "-",
-        "best val": f"{min(r['val_loss'] for r in evals):.3f}" if evals else "-",
+        "tokens": f"{tokens_trained(records, iters):,}",
+        "train loss": loss_text(last_eval["train_loss"]) if last_eval else "-",
+        "val loss": loss_text(last_eval["val_loss"]) if last_eval else "-",
+        "best val": loss_text(min(finite)) if (finite := [r["val_loss"] for r in evals if r["val_loss"] is not None]) else "-",
         "aux loss": format_aux(aux),
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
     }

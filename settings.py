@@ -50,6 +50,7 @@ DEFAULTS = dict(
     eval_only=False,  # with init_from='resume': estimate the losses of ckpt.pt once and exit
     init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
     overwrite=False,  # let a new run replace the run in out_dir: deletes its ckpt.pt, best.pt and log.jsonl
+    new_data=False,  # with init_from='resume': train on data other than the checkpoint's (best.pt starts afresh if val.bin differs)
     wandb_log=False,  # also log to Weights & Biases (needs `pip install wandb`)
     wandb_project="transformer-ideas",
     wandb_run_name="run",

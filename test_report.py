@@ -12,7 +12,8 @@ import pytest
 
 import report
 import settings
-from conftest import NEXT_STEPS, REPO, read_log
+import train
+from conftest import NEXT_STEPS, REPO, argv_for, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -37,6 +38,15 @@ def test_report_table_over_two_runs(trained_runs, tmp_path, capsys):
         assert (tmp_path / "loss.png").exists()
     except ImportError:
         assert "--plot needs matplotlib" in captured.err
+
+
+def test_tokens_are_counted_launch_by_launch(data_dir, tmp_path, capsys):
+    # 2 steps of 2 × 4 sequences × 16 tokens, then 2 steps of 2 × 8 × 16 after a resume
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2, batch_size=8, init_from="resume")) == 0
+    capsys.readouterr()
+    assert report.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[3:5] == ["4", f"{2 * 128 + 2 * 256:,}"]
 
 
 def test_report_plot_draws_each_future_attention_layer(trained_runs, tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ Run: python -m pytest -q test_sample.py
 """
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import configurator
 import sample
 import train
 from checkpoint import load_checkpoint
-from conftest import argv_for, last_error
+from conftest import argv_for, flip_bits, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -70,6 +71,15 @@ def test_sample_refuses_missing_or_foreign_checkpoint(tmp_path, capsys):
     assert sample.main([f"--out_dir={tmp_path}", "--device=cpu"]) == 1
     err = capsys.readouterr().err
     assert "not a checkpoint written by train.py" in err and "Traceback" not in err
+
+
+def test_sample_refuses_a_checkpoint_with_flipped_bits(trained_runs, tmp_path, capsys):
+    shutil.copytree(trained_runs["baseline"], tmp_path / "run")
+    member = flip_bits(tmp_path / "run" / "best.pt")
+    assert sample.main([f"--out_dir={tmp_path / 'run'}", "--device=cpu", "--max_new_tokens=2"]) == 1
+    err = last_error(capsys)
+    assert err.startswith(f"error: {tmp_path / 'run'}/best.pt is damaged: its member {member} fails its CRC32 check")
+    assert "--checkpoint=latest" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -23,7 +23,7 @@ import torch
 import report
 import study
 from checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
-from conftest import REPO, TINY, read_log, start, trained_to, wait_for
+from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +206,15 @@ def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
         text = f.read()
     assert "| base | 1 of 3 |" in text
     assert "Not finished, left out of the means: base-seed2 (not started), base-seed3 (not started)." in text
+
+
+def test_a_checkpoint_with_flipped_bits_is_not_counted_as_finished(finished_study, tiny, tmp_path):
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
+    member = flip_bits(tmp_path / "base-seed1" / "ckpt.pt")
+    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"])
+    assert status == 1 and "failed: base-seed1" in err
+    assert (f"[1/1] base-seed1: cannot resume: {tmp_path}/base-seed1/ckpt.pt is damaged: its member {member} fails "
+            f"its CRC32 check") in out
 
 
 def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp_path):

@@ -1,16 +1,20 @@
 """
 Tests of train.py, on a CPU with tiny models on random tokens (conftest.py): a run trains, logs
 and saves; resume reproduces an unbroken run; signals stop after the step with the state saved;
-the out_dir guard and lock; --eval_only; non-finite losses; gradient accumulation and DDP. A test
-of what train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
+the out_dir guard and lock; --eval_only; non-finite losses and diverging runs; damaged
+checkpoints; the identity and lock of the data; gradient accumulation and DDP. A test of what
+train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
 Run: python -m pytest -q test_train.py
 """
 
 import collections
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,8 +31,8 @@ import settings
 import train
 from checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from cli import ConfigError
-from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, last_error, read_log, start, trained_to,
-                      wait_for)
+from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, read_log, start,
+                      trained_to, wait_for)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -142,6 +146,17 @@ def test_damaged_checkpoint_message_gives_no_unsafe_advice(data_dir, tmp_path, c
         assert "weights_only" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_flipped_bits_in_a_checkpoint_are_refused_on_resume(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    member = flip_bits(tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, init_from="resume")) == 1
+    err = last_error(capsys)
+    assert err.startswith(f"error: {tmp_path}/ckpt.pt is damaged: its member {member} fails its CRC32 check")
+    assert "restore a good copy of it, or train again" in err and err.count("\n") == 1
+    assert (tmp_path / "ckpt.pt").read_bytes() == before and max(r.get("iter", 0) for r in read_log(tmp_path)) == 2
+
+
 def test_resume_after_a_record_cut_mid_write(data_dir, tmp_path, capsys):
     assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
     with open(tmp_path / "log.jsonl", "a") as f:
@@ -162,6 +177,107 @@ def test_resume_at_max_iters_says_so(data_dir, tmp_path, capsys):
     assert train.main(argv_for(data_dir, tmp_path, max_iters=2, init_from="resume")) == 0
     assert "is at iteration 2 and max_iters is 2: nothing to train" in capsys.readouterr().out
     assert snapshot(tmp_path) == before
+
+
+def test_resume_prints_the_settings_that_changed(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    capsys.readouterr()
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2, init_from="resume", batch_size=8,
+                               learning_rate=5e-4)) == 0
+    assert ("resumed with settings that differ from the checkpoint's: batch_size 4 → 8, learning_rate 0.001 → 0.0005, "
+            "max_iters 2 → 4\n") in capsys.readouterr().out
+
+
+def data_copy(data_dir, path, val_seed=None):
+    """A copy of the data folder; with val_seed, its val.bin holds other tokens."""
+    shutil.copytree(data_dir, path)
+    if val_seed is not None:
+        np.random.default_rng(val_seed).integers(0, 256, 1000).astype(np.uint16).tofile(path / "val.bin")
+    return str(path)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_a_run_records_its_data_and_resumes_only_on_it(data_dir, tmp_path, capsys):
+    ours, other = data_copy(data_dir, tmp_path / "ours"), data_copy(data_dir, tmp_path / "other", val_seed=1)
+    out = tmp_path / "out"
+    assert train.main(argv_for(ours, out, max_iters=2, eval_interval=2)) == 0
+    identity = {"data_dir": ours, "train_sha256": sha256(f"{ours}/train.bin"), "val_sha256": sha256(f"{ours}/val.bin")}
+    assert read_log(out)[0]["data"] == identity
+    assert load_checkpoint(out / "ckpt.pt")["data"] == load_checkpoint(out / "best.pt")["data"] == identity
+    best_before = (out / "best.pt").read_bytes()
+
+    # other val data, in another folder, or prepared again into the same folder: refused
+    capsys.readouterr()
+    assert train.main(argv_for(other, out, max_iters=4, eval_interval=2, init_from="resume")) == 1
+    err = last_error(capsys)
+    assert err.startswith(f"error: cannot resume: {out}/ckpt.pt trained on other data, {ours} (train "
+                          f"{identity['train_sha256'][:12]}, val {identity['val_sha256'][:12]}), than {other} (train "
+                          f"{identity['train_sha256'][:12]}, val {sha256(f'{other}/val.bin')[:12]})")
+    assert "--new_data=True" in err and err.count("\n") == 1
+    shutil.copy(f"{other}/val.bin", f"{ours}/val.bin")
+    assert train.main(argv_for(ours, out, max_iters=4, eval_interval=2, init_from="resume")) == 1
+    assert "cannot resume" in last_error(capsys)
+    assert (out / "best.pt").read_bytes() == best_before and max(r.get("iter", 0) for r in read_log(out)) == 2
+
+    # --new_data=True trains on, and best.pt starts afresh: the previous one kept under another name
+    assert train.main(argv_for(other, out, max_iters=4, eval_interval=2, init_from="resume", new_data=True)) == 0
+    kept = out / f"best-val-{identity['val_sha256'][:12]}.pt"
+    assert f"best.pt starts afresh; the previous one is kept as {kept}" in capsys.readouterr().out
+    assert kept.read_bytes() == best_before
+    last_eval = read_log(out)[-1]
+    assert last_eval["type"] == "eval" and last_eval["iter"] == 4 and last_eval["best"]
+    best = load_checkpoint(out / "best.pt")
+    assert best["iter_num"] == 4 and best["best_val_loss"] == last_eval["val_loss"]
+    assert best["data"]["val_sha256"] == sha256(f"{other}/val.bin")
+
+
+def test_a_live_run_makes_prepare_refuse_its_data_dir(data_dir, tmp_path, capsys):
+    prepare_wikipedia = pytest.importorskip("prepare_wikipedia")  # tiktoken and requests
+    ours = data_copy(data_dir, tmp_path / "data")
+    files = {name: (tmp_path / "data" / name).read_bytes() for name in ("train.bin", "val.bin")}
+    (tmp_path / "text.txt").write_text("".join(f" = Article {i} = \n \n Words of article {i} . \n \n" for i in range(4)))
+    prepare = ["--input", str(tmp_path / "text.txt"), "--out_dir", ours, "--num_proc", "1"]
+    process = start(run_argv(ours, tmp_path / "out", max_iters=100_000))  # a live train.py process
+    try:
+        wait_for(trained_to(tmp_path / "out", 1), process)
+        assert prepare_wikipedia.main(prepare) == 1
+        assert f"error: a run is training from {ours}" in last_error(capsys)
+        assert {name: (tmp_path / "data" / name).read_bytes() for name in files} == files
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate()
+    assert prepare_wikipedia.main(prepare) == 0  # the run has ended
+
+
+def test_a_data_dir_being_prepared_is_refused(data_dir, tmp_path, capsys):
+    ours = data_copy(data_dir, tmp_path / "data")
+    with open(f"{ours}/data.lock", "a+") as preparing:  # as prepare_wikipedia.py holds it while it writes
+        fcntl.flock(preparing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert train.main(argv_for(ours, tmp_path / "out", max_iters=2)) == 1
+    assert last_error(capsys) == (f"error: {ours} is being written by prepare_wikipedia.py (it holds {ours}/data.lock): "
+                                  "wait for it to end, or train from another --data_dir\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_rewritten_during_a_run_stops_it_at_the_next_evaluation(data_dir, tmp_path, monkeypatch, capsys):
+    ours = data_copy(data_dir, tmp_path / "data")
+    get_batch, calls = train.data.get_batch, []
+
+    def rewriting_get_batch(folder, split, *args, **kwargs):  # val.bin written by hand at the first step
+        calls.append(split)
+        if calls.count("train") == 1 and split == "train":
+            np.random.default_rng(1).integers(0, 256, 1000).astype(np.uint16).tofile(f"{ours}/val.bin")
+        return get_batch(folder, split, *args, **kwargs)
+
+    monkeypatch.setattr(train.data, "get_batch", rewriting_get_batch)
+    assert train.main(argv_for(ours, tmp_path / "out", max_iters=4, eval_interval=2)) == 1
+    err = last_error(capsys)
+    assert err.startswith(f"error: the data in {ours} changed during the run") and err.count("\n") == 1
+    assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 0  # nothing saved after the change
 
 
 def test_a_run_saved_before_a_model_field_existed_resumes(data_dir, tmp_path):
@@ -381,7 +497,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(model_type, poisone
                     "max_iters": 6, "eval_interval": 2})
     assert train.main(argv) == 1
     err = capsys.readouterr().err
-    assert f"iteration 4: non-finite {poisoned} (" in err and "Traceback" not in err
+    assert f"iteration 4: non-finite {poisoned}" in err and "Traceback" not in err
     checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
     assert checkpoint["iter_num"] == 2  # saved at the eval of step 2, never after
     assert all(torch.isfinite(p).all() for p in checkpoint["model"].values())
@@ -399,8 +515,102 @@ def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, caps
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
     err = last_error(capsys)
-    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt keeps the last saved state" in err
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt (iteration 0) holds the last good state" in err
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
+
+
+def test_fp16_leaves_an_overflowing_step_to_the_gradient_scaler(data_dir, tmp_path, monkeypatch):
+    module = settings.MODELS["baseline"]
+    forward, calls = module.GPT.forward, []
+
+    def overflowing_forward(self, idx, targets=None):  # iteration 2's loss, finite, overflows once scaled
+        logits, loss, aux = forward(self, idx, targets)
+        if self.training:
+            calls.append(1)
+        return logits, loss * 1e36 if self.training and len(calls) in (3, 4) else loss, aux
+
+    monkeypatch.setattr(module.GPT, "forward", overflowing_forward)
+    assert train.main(argv_for(data_dir, tmp_path, dtype="float16", max_iters=4, eval_interval=4)) == 0
+    saved = load_checkpoint(tmp_path / "ckpt.pt", TRAINING_KEYS)
+    assert saved["iter_num"] == 4 and saved["scaler"]["scale"] == 2.0 ** 15  # skipped, and the scale halved
+    assert finite(tmp_path / "ckpt.pt")
+
+
+def strict_records(out_dir):
+    """log.jsonl through a strict parser: a bare NaN or Infinity, which jq rejects, fails."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} in log.jsonl")
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line, parse_constant=refuse) for line in f]
+
+
+def finite(path):
+    """Whether every floating-point tensor of a saved model and optimizer state is finite."""
+    state = torch.load(path, weights_only=True)
+    tensors = [*state["model"].values(), *(t for s in state.get("optimizer", {"state": {}})["state"].values()
+                                           for t in s.values())]
+    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+
+
+DIVERGING = dict(learning_rate=1000.0, max_iters=8, eval_interval=1)  # non-finite gradients within a few steps
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 1.0])
+def test_a_diverging_run_saves_no_non_finite_value(grad_clip, data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, **DIVERGING, grad_clip=grad_clip)) == 1
+    *warnings, error = last_error(capsys).splitlines()  # the warnings of a finite divergence first
+    assert all(line.startswith("warning: val loss") for line in warnings)
+    iteration = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
+    assert error.startswith(f"error: iteration {iteration + 1}: non-finite gradient norm")
+    assert f"{tmp_path}/ckpt.pt (iteration {iteration}) holds the last good state" in error
+    assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
+    assert max(r.get("iter", 0) for r in strict_records(tmp_path)) == iteration  # strict JSON, and nothing after
+
+
+def test_the_command_a_diverged_run_gives_resumes_it(data_dir, tmp_path, monkeypatch, capsys):
+    argv = argv_for(data_dir, tmp_path, **DIVERGING, grad_clip=1.0)
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])  # the command line the message repeats
+    assert train.main(argv) == 1
+    iteration = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
+    command = shlex.split(last_error(capsys).split("resume it with half the learning rate: ")[1])
+    assert command[:2] == ["python", "train.py"] and command[-2:] == ["--init_from=resume", "--learning_rate=500"]
+    monkeypatch.setattr(sys, "argv", command[1:])
+    assert train.main(command[2:]) in (0, 1)  # trains on, or stops again at a non-finite step
+    resumed = capsys.readouterr()
+    assert f"resumed from iteration {iteration} " in resumed.out and "Traceback" not in resumed.err
+    assert "resumed with settings that differ from the checkpoint's: learning_rate 1000.0 → 500.0" in resumed.out
+    assert [r["config"]["learning_rate"] for r in strict_records(tmp_path) if r["type"] == "start"] == [1000.0, 500.0]
+    assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
+
+
+def test_a_finite_divergence_warns(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, learning_rate=30.0, max_iters=4, eval_interval=2)) == 0
+    first, *later = [r for r in read_log(tmp_path) if r["type"] == "eval"]
+    err = last_error(capsys)
+    for record in later:
+        assert record["val_loss"] > first["val_loss"]
+        assert (f"warning: val loss {record['val_loss']:.4f} at iteration {record['iter']} is above the run's first "
+                f"evaluation's, {first['val_loss']:.4f}") in err
+
+
+def test_a_non_finite_evaluation_saves_nothing_and_logs_null(data_dir, tmp_path, monkeypatch, capsys):
+    estimate_loss, calls = train.estimate_loss, []
+
+    def poisoned(*args, **kwargs):  # the second evaluation's val loss is NaN
+        calls.append(1)
+        losses = estimate_loss(*args, **kwargs)
+        return dict(losses, val=float("nan")) if len(calls) == 2 else losses
+
+    monkeypatch.setattr(train, "estimate_loss", poisoned)
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2)) == 1
+    err = last_error(capsys)
+    assert err.startswith("error: non-finite losses at the evaluation of iteration 2 (train ")
+    assert f"{tmp_path}/ckpt.pt (iteration 0) holds the last good state" in err
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == load_checkpoint(tmp_path / "best.pt")["iter_num"] == 0
+    last = strict_records(tmp_path)[-1]
+    assert last["type"] == "eval" and last["val_loss"] is None and last["nonfinite"] == ["val_loss"]
+    assert report.main([str(tmp_path)]) == 0
+    assert "non-finite" in capsys.readouterr().out.splitlines()[1]
 
 
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Run: python -m pytest -q test_visualize.py (offline: export TIKTOKEN_CACHE_DIR f
 
 import importlib.util
 import os
+import shutil
 import sys
 
 import pytest
@@ -22,7 +23,7 @@ import model_future_attn as fa
 import settings
 import train
 import visualize
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, flip_bits
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the random models
@@ -322,6 +323,16 @@ def test_failures_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 1
     assert capsys.readouterr().err == "error: visualize.py draws with matplotlib: pip install matplotlib\n"
     assert os.listdir(tmp_path) == []
+
+
+@draws
+def test_a_checkpoint_with_flipped_bits_is_refused(runs, tmp_path, capsys):
+    shutil.copytree(runs["base"], tmp_path / "run")
+    member = flip_bits(tmp_path / "run" / "best.pt")
+    assert visualize.main([f"--out_dir={tmp_path / 'run'}", PROMPT, f"--save_dir={tmp_path}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'run'}/best.pt is damaged: its member {member} fails its CRC32 check")
+    assert err.count("\n") == 1 and not [name for name in os.listdir(tmp_path) if name.endswith(".png")]
 
 
 def test_help_lists_the_keys(capsys):

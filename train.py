@@ -17,7 +17,10 @@ JSON lines to out_dir/log.jsonl ("start", "train", "eval" records), and at every
 writes the whole state to out_dir/ckpt.pt and, when val improved, the model to best.pt.
 Ctrl-C or SIGTERM stops the run after the current step, with its state saved; a new run
 refuses an out_dir that already holds a run (resume it, or pass --overwrite=True), and a run
-locks its out_dir (out_dir/train.lock) so that a second one cannot write there too.
+locks its out_dir (out_dir/train.lock) so that a second one cannot write there too. A loss or
+gradient that is not finite stops the run before it reaches the weights, and nothing non-finite
+is ever saved; a run records the sha256 of its data and holds data_dir/data.lock shared while it
+trains, and a resume on other data is refused (docs/training.md, "What is checked, and when").
 """
 
 import functools
@@ -85,10 +88,12 @@ def estimate_loss(model, batch, eval_iters, autocast, seed):
 # one optimizer step's gradients
 
 
-def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
+def forward_backward(model, batch, accum_steps, autocast, scaler, ddp, optimizer, grad_clip):
     """The gradients of one optimizer step, accumulated over accum_steps micro-batches per
-    process; returns (loss, {aux name: value}), each the mean over the micro-steps (and the
-    processes): a float, or a list of floats for a per-layer auxiliary loss."""
+    process, unscaled (fp16) and clipped at grad_clip (if > 0); returns (loss, {aux name: value},
+    grad_norm): the losses each the mean over the micro-steps (and the processes), a float, or a
+    list of floats for a per-layer auxiliary loss; grad_norm the gradients' norm before clipping,
+    inf or nan when a gradient is not finite."""
     X, Y = batch("train")
     totals = 0  # sum over micro-steps of [loss, *aux losses], on the device
     for micro_step in range(accum_steps):
@@ -103,32 +108,58 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
             scaler.scale(loss / accum_steps).backward()
         values = [loss, *aux.values()]
         totals = totals + torch.cat([v.detach().float().view(-1) for v in values])
-    means = totals / accum_steps
+    # the gradients' norm stays on the device, to be read with the losses in the one sync below
+    scaler.unscale_(optimizer)  # the true gradients, not the fp16-scaled ones (a no-op without fp16)
+    if grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    means = torch.cat([totals / accum_steps, grad_norm.detach().float().view(1)])
     if ddp:  # the mean over all processes; every rank then sees the same numbers
         dist.all_reduce(means)
         means /= dist.get_world_size()
-    parts = means.cpu().split([v.numel() for v in values])  # one sync with the device per step
+    *parts, grad_norm = means.cpu().split([*(v.numel() for v in values), 1])  # one sync with the device per step
     loss_value, *aux_values = [part.item() if v.dim() == 0 else part.tolist() for part, v in zip(parts, values)]
-    return loss_value, dict(zip(aux.keys(), aux_values))
+    return loss_value, dict(zip(aux.keys(), aux_values)), grad_norm.item()
 
 
-def check_finite(iteration, loss, aux, ckpt_path):
-    """Stop before a non-finite loss reaches the weights (the optimizer has not stepped yet)."""
-    values = [("loss", loss), *flat_aux(aux)]
-    bad = [name for name, v in values if not math.isfinite(v)]
+def check_finite(iteration, loss, aux, grad_norm, fp16):
+    """What is not finite in a step's losses and gradient norm, said in a sentence, or None; checked
+    before the optimizer steps. A non-finite gradient under fp16 is the gradient scaler's business
+    (it skips that step and lowers its scale), so it is not named there."""
+    values = [("loss", loss), *flat_aux(aux), *([] if fp16 else [("gradient norm", grad_norm)])]
+    bad = [name for name, value in values if not math.isfinite(value)]
     if bad:
-        raise UserError(f"iteration {iteration}: non-finite {', '.join(bad)} ({', '.join(f'{n} {v}' for n, v in values)}); "
-                        f"stopped, {ckpt_path} keeps the last saved state — try a lower --learning_rate or --grad_clip=1.0")
+        return f"iteration {iteration}: non-finite {', '.join(bad)} ({', '.join(f'{n} {v}' for n, v in values)})"
+    return None
+
+
+def diverged(what, last_good, config, world_size):
+    """The UserError that stops a run that diverged: what was not finite, where the last good state
+    is (last_good: (path, iteration) or None), and the command that goes on with half the learning
+    rate."""
+    lower = {"learning_rate": f"{config['learning_rate'] / 2:g}"}
+    if config["decay_lr"] and config["min_lr"] > config["learning_rate"] / 2:
+        lower["min_lr"] = f"{config['min_lr'] / 2:g}"  # min_lr may not exceed learning_rate
+    if last_good:
+        path, iteration = last_good
+        where = f"{path} (iteration {iteration}) holds the last good state; resume it with half the learning rate: "
+        command = rerun_command(world_size, init_from="resume", **lower)
+    else:
+        where = "no state was saved; start again with half the learning rate: "
+        command = rerun_command(world_size, overwrite="True", **lower)
+    return UserError(f"{what}: stopped, nothing non-finite was saved; {where}{command}")
 
 
 # --------------------------------------------------------------------------------------
 # the run
 
 
-def run(config, rank, world_size, device, autocast, stop, saved=None):
+def run(config, rank, world_size, device, autocast, stop, saved=None, data_identity=None, data_stamps=None):
     """Trains the model config describes, in one process of world_size, from scratch or from
     saved (the ckpt.pt train() read), until max_iters or a signal (stop.signum); returns the
-    trained (unwrapped) model, iter_num and best_val_loss."""
+    trained (unwrapped) model, iter_num and best_val_loss. Rank 0 records data_identity in the
+    log and the checkpoints, and stops when data.stamps() differ from data_stamps at an evaluation."""
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     # every rank seeds differently (dropout, batches); DDP copies rank 0's initial weights
     batch_generator = seed_all(config["seed"] + rank)
@@ -139,7 +170,9 @@ def run(config, rank, world_size, device, autocast, stop, saved=None):
     )
     scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")  # fp16 only
     iter_num, best_val_loss, last_eval_iter = 0, float("inf"), None
+    first_val_loss, last_good = None, None  # the run's first val loss; (ckpt.pt, its iteration) once saved
     if saved:  # the weights, AdamW's state and this rank's random states, as the run left them
+        first_val_loss = saved.get("first_val_loss")
         iter_num, best_val_loss, last_eval_iter = checkpoint.restore(saved, raw_model, optimizer, scaler,
                                                                      batch_generator, rank)
 
@@ -151,12 +184,45 @@ def run(config, rank, world_size, device, autocast, stop, saved=None):
         model = wrap_ddp(model, config, model_args, device)
     batch = batches(config, device)
     ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
+    if saved:
+        last_good = (ckpt_path, iter_num)
     logger = Logger(os.path.join(config["out_dir"], "log.jsonl"), config, model_args, raw_model, world_size,
-                    iter_num) if master else None
+                    iter_num, data_identity) if master else None
 
     def save(rng):  # ckpt.pt: the latest state (rank 0 only)
         checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
-            config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter))
+            config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter,
+            data_identity, first_val_loss))
+
+    def evaluate(rng):  # estimate the losses, log them, save what is finite; the problem that stops the run, or None
+        nonlocal best_val_loss, first_val_loss
+        if data_stamps is not None and data.stamps(config["data_dir"]) != data_stamps:
+            return UserError(f"the data in {config['data_dir']} changed during the run (train.bin, val.bin or "
+                             f"meta.json were rewritten): stopped without saving; {ckpt_path} keeps the state trained "
+                             f"on the data this run started with — resume it on that data, or with --new_data=True")
+        losses = estimate_loss(eval_model, batch, config["eval_iters"], autocast, config["seed"])
+        finite = all(math.isfinite(loss) for loss in losses.values())
+        improved = finite and losses["val"] < best_val_loss
+        best_val_loss = min(best_val_loss, losses["val"]) if finite else best_val_loss
+        # the record first: a kill before the save then resumes from the previous
+        # checkpoint, and the resumed launch's records replace this one (report.read_log)
+        logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                        best_val_loss=best_val_loss, best=improved))
+        bad = checkpoint.nonfinite_tensors(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict()))
+        if not finite or bad:
+            what = (f"non-finite losses at the evaluation of iteration {iter_num} (train {losses['train']}, "
+                    f"val {losses['val']})" if not finite else f"iteration {iter_num}: non-finite values in {bad[0]}")
+            return diverged(what, last_good, config, world_size)
+        if first_val_loss is None:
+            first_val_loss = losses["val"]
+        elif losses["val"] > first_val_loss:  # worse than the untrained model: diverging, though finite
+            print(f"warning: val loss {losses['val']:.4f} at iteration {iter_num} is above the run's first evaluation's, "
+                  f"{first_val_loss:.4f}: the run is diverging — try a lower --learning_rate", file=sys.stderr)
+        if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
+            checkpoint.save_checkpoint(os.path.join(config["out_dir"], "best.pt"), checkpoint.model_state(
+                config, model_args, raw_model, iter_num, best_val_loss, data_identity))
+        save(rng)
+        return None
 
     t_last, timed_iters = time.time(), 0
     while True:
@@ -165,18 +231,8 @@ def run(config, rank, world_size, device, autocast, stop, saved=None):
         if at_eval and last_eval_iter != iter_num:
             rng = gather_rng_states(batch_generator, world_size)  # every rank's, for the checkpoint
             last_eval_iter = iter_num
-            if master:
-                losses = estimate_loss(eval_model, batch, config["eval_iters"], autocast, config["seed"])
-                improved = losses["val"] < best_val_loss
-                best_val_loss = min(best_val_loss, losses["val"])
-                # the record first: a kill before the save then resumes from the previous
-                # checkpoint, and the resumed launch's records replace this one (report.read_log)
-                logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                                best_val_loss=best_val_loss, best=improved))
-                if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
-                    checkpoint.save_checkpoint(os.path.join(config["out_dir"], "best.pt"), checkpoint.model_state(
-                        config, model_args, raw_model, iter_num, best_val_loss))
-                save(rng)
+            agree(evaluate(rng) if master else None, ddp)  # every process stops when rank 0's evaluation says so
+            last_good = (ckpt_path, iter_num)  # saved, and finite
             t_last, timed_iters = time.time(), 0  # timings leave out evaluation
         if iter_num >= config["max_iters"]:
             break
@@ -184,13 +240,12 @@ def run(config, rank, world_size, device, autocast, stop, saved=None):
         lr = get_lr(iter_num, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, aux = forward_backward(model, functools.partial(batch, generator=batch_generator), accum_steps,
-                                     autocast, scaler, ddp)
-        check_finite(iter_num + 1, loss, aux, ckpt_path)
-        if config["grad_clip"] > 0:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
-        scaler.step(optimizer)
+        loss, aux, grad_norm = forward_backward(model, functools.partial(batch, generator=batch_generator),
+                                                accum_steps, autocast, scaler, ddp, optimizer, config["grad_clip"])
+        problem = check_finite(iter_num + 1, loss, aux, grad_norm, fp16=scaler.is_enabled())
+        if problem:  # every process sees the same numbers, so all stop here, before the step reaches the weights
+            raise diverged(problem, last_good, config, world_size)
+        scaler.step(optimizer)  # under fp16, skipped when a gradient is not finite
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
@@ -244,11 +299,16 @@ def nothing_to_train(config, saved, master):
 
 def stopped_note(signum, iter_num, ckpt_path, world_size):
     """What the user reads after a signal stopped the run: where, and the command that continues it."""
-    args = [arg for arg in sys.argv[1:] if not arg.startswith(("--init_from=", "--overwrite="))]
-    launcher = ["python", "train.py"] if world_size == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world_size}", "train.py"]
-    command = " ".join(shlex.quote(arg) for arg in [*launcher, *args, "--init_from=resume"])
     return (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: saved {ckpt_path}; "
-            f"continue with: {command}")
+            f"continue with: {rerun_command(world_size, init_from='resume')}")
+
+
+def rerun_command(world_size, **changes):
+    """This launch's command line, with --key=value for each of changes instead of the launch's own."""
+    args = [arg for arg in sys.argv[1:] if not arg.startswith(("--init_from=", "--overwrite=",
+                                                               *(f"--{key}=" for key in changes)))]
+    launcher = ["python", "train.py"] if world_size == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world_size}", "train.py"]
+    return " ".join(shlex.quote(arg) for arg in [*launcher, *args, *(f"--{key}={value}" for key, value in changes.items())])
 
 
 def agreed_stop(stop, ddp, device):
@@ -263,7 +323,7 @@ def agreed_stop(stop, ddp, device):
 class Logger:
     """Rank 0's records: printed, appended to log.jsonl, and sent to Weights & Biases if asked."""
 
-    def __init__(self, log_path, config, model_args, model, world_size, iter_num):
+    def __init__(self, log_path, config, model_args, model, world_size, iter_num, data_identity):
         tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
         self.path, self.model, self.tokens_per_iter = log_path, model, tokens_per_iter
         self.wandb = None
@@ -274,7 +334,7 @@ class Logger:
         checkpoint.end_line(log_path)
         self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
-                      init_from=config["init_from"], config=config, model_args=model_args))
+                      init_from=config["init_from"], config=config, model_args=model_args, data=data_identity))
         self.flops_promised = settings.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
         if not config["device"].startswith("cuda"):
             settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
@@ -370,19 +430,22 @@ def agree(problem, ddp):
 
 def check_before_writing(config, world_size):
     """Everything that can fail before training starts fails here, before anything is written
-    to out_dir: settings, the data, wandb (the device was checked with the settings)."""
+    to out_dir: settings, the data, wandb (the device was checked with the settings). Returns the
+    data's identity (data.check_data) and its stamps, taken before it was hashed."""
     if config["gradient_accumulation_steps"] % world_size:
         raise ConfigError(f"gradient_accumulation_steps ({config['gradient_accumulation_steps']}) is the total over "
                           f"all processes and must be divisible by the world size ({world_size})")
     if config["eval_only"] and config["init_from"] != "resume":
         raise ConfigError("eval_only=True evaluates a trained run's ckpt.pt: add --init_from=resume")
     settings.model_args_of(config)  # the model's own checks (GPTConfig)
-    data.check_data(config["data_dir"], config["block_size"], config["vocab_size"])
+    stamps = data.stamps(config["data_dir"])  # first: a change while the files are hashed shows at the first evaluation
+    identity = data.check_data(config["data_dir"], config["block_size"], config["vocab_size"])
     if config["wandb_log"]:
         try:
             import wandb  # noqa: F401
         except ImportError:
             raise ConfigError("wandb_log=True needs wandb: `pip install wandb`, or drop --wandb_log") from None
+    return identity, stamps
 
 
 def train(config):
@@ -390,12 +453,13 @@ def train(config):
     iter_num and best_val_loss. Under torchrun, every process calls this. SIGINT and SIGTERM
     stop it after the current optimizer step, with the state saved (cli.Stopped)."""
     rank, world_size, device = setup_distributed(config)
-    lock = None
+    lock = data_lock = identity = stamps = None
     try:
         problem = None
-        if rank == 0:  # rank 0 writes the out_dir, so it holds the lock
+        if rank == 0:  # rank 0 writes the out_dir, so it holds the lock; and the data folder's, shared
             try:
-                check_before_writing(config, world_size)
+                data_lock = data.hold_for_reading(config["data_dir"])  # before the data is checked and hashed
+                identity, stamps = check_before_writing(config, world_size)
                 lock = checkpoint.claim_out_dir(config)
             except UserError as e:
                 problem = e
@@ -408,15 +472,33 @@ def train(config):
                                                   settings.model_args_of(config))
                 if config["eval_only"]:
                     return evaluate_only(config, saved, device, autocast) if rank == 0 else None
+                problem = None
+                if rank == 0:
+                    try:
+                        check_resumed(saved, config, identity)
+                    except UserError as e:
+                        problem = e
+                agree(problem, ddp=world_size > 1)
                 if nothing_to_train(config, saved, master=rank == 0):
                     return dict(model=checkpoint.model_from_checkpoint(saved).to(device), iter_num=saved["iter_num"],
                                 best_val_loss=saved["best_val_loss"])
-            return run(config, rank, world_size, device, autocast, stop, saved)
+            return run(config, rank, world_size, device, autocast, stop, saved, identity, stamps)
     finally:
         if lock:
             lock.close()
+        if data_lock:
+            data_lock.close()
         if "RANK" in os.environ:  # setup_distributed joined a process group
             dist.destroy_process_group()
+
+
+def check_resumed(saved, config, identity):
+    """Before a resumed run trains (rank 0): it must train on the checkpoint's data, unless
+    --new_data=True; and every setting that differs from the checkpoint's is printed."""
+    checkpoint.check_data_identity(saved, identity, config["new_data"], config["out_dir"])
+    changed = checkpoint.changed_settings(saved, config)
+    if changed:
+        print(f"resumed with settings that differ from the checkpoint's: {changed}")
 
 
 @cli.main
