@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+import termios
 import threading
 import time
 from contextlib import suppress
@@ -80,6 +81,8 @@ class StopRequests:
                 return
             raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
         self.signum, self.requested_at = signum, time.monotonic()
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
         line = self.acknowledge and self.acknowledge(signum)
         if line:
             print(line, file=sys.stderr, flush=True)
@@ -94,7 +97,24 @@ def again(signum):
     return "Ctrl-C again to stop at once" if signum == signal.SIGINT else "a second signal stops at once"
 
 
+def leave_a_closed_terminal():
+    """After a SIGHUP: writes to a terminal that closed fail (EIO), and the next print would end
+    the script before it saves; what goes to such a terminal goes to /dev/null instead."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            termios.tcgetattr(stream)  # works on an open terminal, fails with ENOTTY on a file or a pipe
+        except termios.error as e:
+            if e.args[0] == errno.EIO:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor at all (output captured in memory)
+            pass
+
+
 def raise_stopped(signum, frame):
+    if signum == signal.SIGHUP:
+        leave_a_closed_terminal()
     raise Stopped(signum)
 
 
@@ -159,6 +179,8 @@ def write_atomically(path, write, size=0):
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp_path)
+        if isinstance(e.__context__, (Stopped, KeyboardInterrupt)) and not isinstance(e, (Stopped, KeyboardInterrupt)):
+            raise e.__context__ from None  # a signal that stopped torch.save mid-write, which wrapped it in its own error
         problem = write_problem(path, e, size) if isinstance(e, (OSError, RuntimeError)) else None
         if problem:
             raise UserError(problem) from None

@@ -8,12 +8,15 @@ Run: python -m pytest -q test_train.py
 
 import collections
 import errno
+import fcntl
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
 import sys
+import termios
 import time
 
 import numpy as np
@@ -473,6 +476,29 @@ def test_a_signal_stops_after_the_step_and_the_resumed_run_matches_an_unbroken_o
     assert numbers(out_dir) == unbroken(model_type)
 
 
+def test_a_closed_terminal_stops_the_run_with_its_state_saved(data_dir, tmp_path):
+    # the run's terminal (a pty) closes mid-run: the kernel sends SIGHUP, and what the run prints
+    # from then on cannot reach a terminal
+    out_dir = tmp_path / "run"
+    terminal, its_end = os.openpty()
+    process = subprocess.Popen([sys.executable, "train.py", *run_argv(data_dir, out_dir)], cwd=REPO, env=ENV,
+                               stdin=its_end, stdout=its_end, stderr=its_end, start_new_session=True,
+                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    os.close(its_end)
+    try:
+        deadline, reached = time.time() + 90, trained_to(out_dir, 60)
+        while not reached():
+            assert process.poll() is None and time.time() < deadline
+            if select.select([terminal], [], [], 0.05)[0]:
+                os.read(terminal, 65536)  # the terminal shows the output: the run never waits for it
+    finally:
+        os.close(terminal)
+    assert process.wait(timeout=60) == 128 + signal.SIGHUP
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert 60 <= stopped_at < RUN["max_iters"]
+    assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
+
+
 def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     # evaluations of 500 batches take a second or so; the signal comes right after step 50,
     # when the evaluation at 50 begins: it completes, is saved, then one more step, then the stop
@@ -492,14 +518,35 @@ def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == 60
 
 
-def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(data_dir, tmp_path, monkeypatch, capsys):
+class SignalledFile:
+    """A file that gets a first and a second Ctrl-C at its first write: inside torch.save."""
+
+    def __init__(self, f):
+        self.f, self.signalled = f, False
+
+    def write(self, data):
+        if not self.signalled:
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGINT)  # the first asks for the stop
+            os.kill(os.getpid(), signal.SIGINT)  # the second stops at once
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@pytest.mark.parametrize("when", ["after half the file", "inside torch.save"])
+def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(when, data_dir, tmp_path, monkeypatch,
+                                                                           capsys):
     out_dir = tmp_path / "run"
     assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2)) == 0
     before = (out_dir / "ckpt.pt").read_bytes()
     save = torch.save
 
-    def interrupted_save(obj, f):  # half the file written, then the second Ctrl-C arrives
-        save(obj, f)
+    def interrupted_save(obj, f):
+        if when == "inside torch.save":  # torch.save turns the signal's exception into an error of its own
+            return save(obj, SignalledFile(f))
+        save(obj, f)  # half the file written, then the second Ctrl-C arrives
         f.truncate(f.tell() // 2)
         os.kill(os.getpid(), signal.SIGINT)  # the first (during this save) asked for the stop
         os.kill(os.getpid(), signal.SIGINT)  # the second stops at once
