@@ -193,7 +193,7 @@ def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, tiny, tm
 
 def test_a_second_study_on_the_same_out_root_is_refused(tiny, tmp_path):
     argv = [tiny["base"], "--seeds=4", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
-            "--max_iters=60", "--eval_interval=30"]
+            "--max_iters=200", "--eval_interval=100"]  # seconds: the second comes long before the end
     run_dir = tmp_path / "base-seed4"
     first = start(argv, launcher=(sys.executable, "study.py"))
     wait_for(trained_to(run_dir, 5), first)
@@ -203,8 +203,8 @@ def test_a_second_study_on_the_same_out_root_is_refused(tiny, tmp_path):
                    "wait for it to end, or choose another --out_root\n")
     out, err = first.communicate(timeout=120)  # the first finishes untouched
     assert first.returncode == 0, err
-    assert "[1/1] base-seed4: done at iter 60" in out and "FAILED" not in out
-    assert [r["iter"] for r in read_log(run_dir) if r["type"] == "train"] == list(range(1, 61))
+    assert "[1/1] base-seed4: done at iter 200" in out and "FAILED" not in out
+    assert [r["iter"] for r in read_log(run_dir) if r["type"] == "train"] == list(range(1, 201))
     assert len(starts(run_dir)) == 1
 
 
