@@ -2,7 +2,8 @@
 A run's folder, out_dir, and the files train.py writes there; how they are read back (train.py
 to resume, sample.py and the other scripts to load a model, report.py and study.py the log).
 
-    out_dir/train.lock  held while train.py runs: one process per folder, named in the file.
+    out_dir/train.lock  held while train.py runs: one process per folder, named in the file
+                        (FolderLock; study.py locks its out_root the same way).
     out_dir/log.jsonl   JSON lines: a "start" record per launch, "train" records every
                         log_interval steps, "eval" records at every loss estimate, and an
                         "eval_only" record for each --eval_only evaluation (kept apart from
@@ -52,35 +53,72 @@ RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_
 # the run's folder: one run per folder, one process at a time
 
 
-def claim_out_dir(config):
-    """Create and lock out_dir for this process; returns the open lock file (closing it unlocks).
+class FolderLock:
+    """This process's lock on FOLDER/NAME, a file that names the holder: the kernel's (flock), so
+    it ends with its process, however that dies (kill -9 included); close() unlocks. A second
+    process is refused at once, in one line that names the holder. The folder is created if
+    need be; undo() removes what the lock created, so a script that fails before writing
+    anything leaves nothing behind."""
 
-    A second process on the same folder is refused, naming the holder. The lock is the
-    kernel's (flock), so it ends with its process, however that dies (kill -9 included).
+    def __init__(self, folder, name, program, option):
+        self.folder, self.path = folder, os.path.join(folder, name)
+        made = []  # the folders makedirs is about to create, the deepest first
+        parent = os.path.abspath(folder)
+        while not os.path.exists(parent):
+            made.append(parent)
+            parent = os.path.dirname(parent)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            new_file = not os.path.exists(self.path)
+            self.file = open(self.path, "a+")
+        except OSError as e:
+            raise UserError(f"cannot create {option} {folder} ({e.strerror}): choose another --{option}") from None
+        self.created = [self.path] * new_file + made  # what undo() removes, in this order
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UserError(f"{folder} is in use by {holder}: wait for it to end, or choose another --{option}") from None
+        self.file.truncate(0)
+        self.file.write(f"{program} (process {os.getpid()} on {socket.gethostname()})\n")
+        self.file.flush()
+        self.keep()
+
+    def contents(self):
+        """Every entry of the folder but the lock file, with its size: what the script wrote."""
+        return {entry.name: entry.stat().st_size for entry in os.scandir(self.folder) if entry.path != self.path}
+
+    def keep(self):
+        """The folder as it is now counts as untouched: undo() removes nothing once it holds more."""
+        self.untouched = self.contents()
+
+    def close(self):
+        self.file.close()
+
+    def undo(self):
+        """Unlock; when nothing was written to the folder since the lock was taken, also remove
+        the lock file and the folders, if the lock created them (only those)."""
+        if self.contents() == self.untouched:
+            for path in self.created:
+                with suppress(OSError):  # a folder that holds something else stays
+                    (os.remove if path == self.path else os.rmdir)(path)
+        self.close()
+
+
+def claim_out_dir(config):
+    """Create and lock out_dir for this process: a FolderLock on out_dir/train.lock.
     A new run (init_from='scratch') refuses a folder that holds a run unless overwrite=True."""
     out_dir = config["out_dir"]
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, "train.lock"), "a+")
-    except OSError as e:
-        raise UserError(f"cannot create out_dir {out_dir} ({e.strerror}): choose another --out_dir") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise UserError(f"{out_dir} is in use by {holder}: wait for it to end, or choose another --out_dir") from None
-    lock.truncate(0)
-    lock.write(f"train.py (process {os.getpid()} on {socket.gethostname()})\n")
-    lock.flush()
+    lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
     for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a save that was killed (kill -9)
         with suppress(FileNotFoundError):
             os.remove(os.path.join(out_dir, name))
     existing = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
     if config["init_from"] == "scratch" and existing:
         if not config["overwrite"]:
-            lock.close()
+            lock.undo()
             if "ckpt.pt" not in existing:  # nothing to resume from
                 raise UserError(f"{out_dir} holds the log of a run that stopped before its first checkpoint: start "
                                 f"it again with --overwrite=True (deletes {', '.join(existing)}), or use another --out_dir")
@@ -91,6 +129,7 @@ def claim_out_dir(config):
         for name in existing:
             os.remove(os.path.join(out_dir, name))
         print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
+    lock.keep()  # the deletions above count as done before the run
     return lock
 
 

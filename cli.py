@@ -12,8 +12,8 @@ a temporary name, then renamed, so a crash, a full disk or a signal never leaves
         sys.exit(main())
 
 Exit status: 0 done, 1 a failure the user can fix (UserError), 2 a bad setting (ConfigError),
-130 Ctrl-C (SIGINT) and 143 SIGTERM where the script had nothing to save: 128 + the signal's
-number, what a shell reports for a process a signal stopped.
+and 128 + the signal's number for a stop signal (STOP_SIGNALS), what a shell reports for a
+process a signal stopped: 130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1.
 """
 
 import errno
@@ -22,8 +22,14 @@ import os
 import shutil
 import signal
 import sys
+import termios
 import threading
+import time
 from contextlib import suppress
+
+# the signals that ask a script to stop: Ctrl-C; `kill`, schedulers and preemptible machines;
+# a closed terminal or a dropped ssh session; SLURM's warning before a time limit (--signal=USR1@120)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 class UserError(Exception):
@@ -39,8 +45,8 @@ class ConfigError(UserError, ValueError):
 
 
 class Stopped(BaseException):
-    """A signal stopped the script (SIGTERM turned into an exception, as SIGINT already is);
-    its message says what was saved, if the script saved anything."""
+    """A signal stopped the script (SIGTERM, SIGHUP or SIGUSR1 turned into an exception, as SIGINT
+    already is); its message says what was saved, if the script saved anything."""
 
     def __init__(self, signum, message=None):
         super().__init__(f"stopped by {signal.Signals(signum).name}" if message is None else message)
@@ -48,44 +54,82 @@ class Stopped(BaseException):
 
 
 class StopRequests:
-    """Within `with StopRequests() as stop:`, SIGINT (Ctrl-C) and SIGTERM do not interrupt: the
-    signal's number goes to stop.signum, for the script to stop where it can save its work.
-    A second signal stops at once (raises Stopped), for a user who will not wait."""
+    """Within `with StopRequests() as stop:`, the STOP_SIGNALS do not interrupt: the signal's
+    number goes to stop.signum, for the script to stop where it can save its work. A second
+    signal stops at once (raises Stopped), for a user who will not wait.
 
-    def __init__(self):
-        self.signum = None
+    stop.acknowledge(signum), when set, gives the line printed at once on the first signal, so
+    that the user knows it was heard long before the script can stop (a step may take minutes).
+    passed_on=True is for a process under torchrun: torchrun passes a signal on to its processes,
+    which may have got it themselves (SLURM signals every process of a job), so the same signal
+    again within REPEAT_S seconds is that copy, not a second request."""
+
+    REPEAT_S = 5.0
+
+    def __init__(self, acknowledge=None, passed_on=False):
+        self.signum, self.acknowledge, self.passed_on = None, acknowledge, passed_on
 
     def __enter__(self):
         self.previous = {}
         if threading.current_thread() is threading.main_thread():  # the only thread signals reach
-            self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
+            self.previous = {s: signal.signal(s, self.request) for s in STOP_SIGNALS}
         return self
 
     def request(self, signum, frame):
         if self.signum is not None:
+            if self.passed_on and signum == self.signum and time.monotonic() - self.requested_at < self.REPEAT_S:
+                return
             raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
-        self.signum = signum
+        self.signum, self.requested_at = signum, time.monotonic()
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
+        line = self.acknowledge and self.acknowledge(signum)
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc_info):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
 
+def again(signum):
+    """How a user stops at once after the first signal: for an acknowledgement."""
+    return "Ctrl-C again to stop at once" if signum == signal.SIGINT else "a second signal stops at once"
+
+
+def leave_a_closed_terminal():
+    """After a SIGHUP: writes to a terminal that closed fail (EIO), and the next print would end
+    the script before it saves; what goes to such a terminal goes to /dev/null instead."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            termios.tcgetattr(stream)  # works on an open terminal, fails with ENOTTY on a file or a pipe
+        except termios.error as e:
+            if e.args[0] == errno.EIO:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor at all (output captured in memory)
+            pass
+
+
 def raise_stopped(signum, frame):
+    if signum == signal.SIGHUP:
+        leave_a_closed_terminal()
     raise Stopped(signum)
 
 
 def main(entry):
     """Wraps a script's `entry(argv)`: argv defaults to sys.argv[1:]; returns the exit status.
 
-    SIGTERM (what `kill` and cluster schedulers send) unwinds like Ctrl-C does, so `finally`
-    blocks and `with` statements clean up; a script with work to save handles both itself."""
+    SIGTERM, SIGHUP and SIGUSR1 unwind like Ctrl-C does, so `finally` blocks and `with`
+    statements clean up; a script with work to save handles them itself (StopRequests)."""
 
     @functools.wraps(entry)
     def wrapped(argv=None):
         argv = sys.argv[1:] if argv is None else argv
         in_main_thread = threading.current_thread() is threading.main_thread()  # where signals arrive
-        previous = signal.signal(signal.SIGTERM, raise_stopped) if in_main_thread else None
+        stop_signals = STOP_SIGNALS[1:] if in_main_thread else ()  # SIGINT raises KeyboardInterrupt already
+        previous = {signum: signal.signal(signum, raise_stopped) for signum in stop_signals}
         try:
             return entry(argv) or 0
         except UserError as e:
@@ -99,8 +143,8 @@ def main(entry):
                 print(e, file=sys.stderr)
             return 128 + e.signum
         finally:
-            if in_main_thread:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     return wrapped
 
@@ -135,6 +179,8 @@ def write_atomically(path, write, size=0):
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp_path)
+        if isinstance(e.__context__, (Stopped, KeyboardInterrupt)) and not isinstance(e, (Stopped, KeyboardInterrupt)):
+            raise e.__context__ from None  # a signal that stopped torch.save mid-write, which wrapped it in its own error
         problem = write_problem(path, e, size) if isinstance(e, (OSError, RuntimeError)) else None
         if problem:
             raise UserError(problem) from None

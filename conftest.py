@@ -7,8 +7,10 @@ models. A helper one file alone uses stays in that file; no test file imports an
 import json
 import os
 import struct
+import queue
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -218,8 +220,8 @@ def trained_runs(data_dir, tmp_path_factory):
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
-def start(argv, launcher=(sys.executable, "train.py")):
-    return subprocess.Popen([*launcher, *argv], cwd=REPO, env=ENV, text=True,
+def start(argv, launcher=(sys.executable, "train.py"), env=ENV):
+    return subprocess.Popen([*launcher, *argv], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -229,6 +231,32 @@ def wait_for(condition, process, timeout=90):
         assert process.poll() is None, f"ended before the signal: {process.communicate()}"
         assert time.time() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def line_reader(stream):
+    """The lines of a process's pipe, in a queue a thread fills, so a test can wait for one with a
+    timeout (None marks the end)."""
+    lines = queue.Queue()
+
+    def read():
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def next_line_with(lines, text, timeout):
+    """The next line of a line_reader that holds text, within timeout seconds."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.time(), 0))
+        except queue.Empty:
+            raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+        assert line is not None, f"the output ended without a line with {text!r}"
+        if text in line:
+            return line
 
 
 def trained_to(out_dir, iteration):

@@ -12,6 +12,7 @@ check_causal.py read configs through here too.
 
 import dataclasses
 import json
+import time
 from contextlib import nullcontext
 
 import torch
@@ -219,12 +220,39 @@ def peak_flops(device):
     return None
 
 
-def warn_if_slow_on_cpu(config, flops_per_iter):
-    """Say at once when a config sized for a GPU starts on a CPU, rather than after its first step."""
-    if flops_per_iter > 1e12:
-        print(f"note: this config is sized for a GPU: {flops_per_iter / 1e12:,.0f} TFLOP per optimizer step "
-              f"({config['gradient_accumulation_steps']} × {config['batch_size']} sequences of {config['block_size']} "
-              f"tokens), tens of seconds to minutes per step on a CPU, and max_iters is {config['max_iters']:,}; "
-              f"for a first run on a CPU use config/tiny_cpu.py")
+def cpu_flops(seconds=0.2):
+    """This CPU's float32 FLOP/s in 512 × 512 matmuls, measured for about `seconds`: more than a
+    model's mix of operations reaches, so times estimated from it are lower bounds."""
+    a = torch.randn(512, 512)
+    a @ a  # the first call sets up the threads
+    t0, matmuls = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+        matmuls += 1
+    return matmuls * 2 * 512**3 / (time.perf_counter() - t0)
+
+
+def duration(seconds):
+    """'40 s', '7 minutes', '3.5 hours'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:,.1f} hours"
+
+
+def warn_if_slow_on_cpu(config, flops_per_token, tokens_per_step, flops=None):
+    """Say at once when a config sized for a GPU starts on a CPU, and what its steps and its first
+    evaluation will cost there (at `flops` FLOP/s, measured if not given): before compiling and
+    evaluating, which take that long. flops_per_token counts forward and backward."""
+    flops_per_step = flops_per_token * tokens_per_step
+    if flops_per_step > 1e12:
+        flops = flops or cpu_flops()
+        # the evaluation: eval_iters batches of each split, forward only (a third of the FLOPs)
+        eval_flops = flops_per_token / 3 * 2 * config["eval_iters"] * config["batch_size"] * config["block_size"]
+        print(f"note: this config is sized for a GPU: one optimizer step ({tokens_per_step // config['block_size']:,} "
+              f"sequences of {config['block_size']} tokens) is {flops_per_step / 1e12:,.0f} TFLOP, at least "
+              f"{duration(flops_per_step / flops)} on this CPU ({flops / 1e9:,.0f} GFLOP/s in matmuls), and the first "
+              f"evaluation (2 × {config['eval_iters']} batches of {config['batch_size']} sequences, forward only) at "
+              f"least {duration(eval_flops / flops)}")
+        print(f"note: max_iters is {config['max_iters']:,}: for a first run on a CPU use config/tiny_cpu.py")
     if config["compile"]:
         print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")

@@ -33,7 +33,7 @@ import cli
 import data
 import report
 import settings
-from checkpoint import saved_iteration
+from checkpoint import FolderLock, saved_iteration
 from cli import ConfigError, UserError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
@@ -334,6 +334,11 @@ def train_runs(runs, slots, flags, progress_s, stop=None):
             return
         if stop and stop.signum and code == 128 + stop.signum:
             run.state = "stopped"
+            try:  # the checkpoint's iteration: the progress followed may lag behind it
+                run.iter = saved_iteration(os.path.join(run.out_dir, "ckpt.pt"))
+            except UserError:
+                say(f"[{run.index}/{run.total}] {run.name}: stopped before its first checkpoint: {run.tail[-1]}")
+                return
             say(f"[{run.index}/{run.total}] {run.name}: stopped at iter {run.iter:,}, its state saved: {run.tail[-1]}")
             return
         run.state = "failed"
@@ -511,23 +516,45 @@ def write_table(runs, seeds, flags, out_root):
     return table
 
 
+def acknowledgement(signum):
+    """The line a first signal gets at once, while the runs finish their steps."""
+    return (f"{signal.Signals(signum).name}: passed on to the running runs, which stop after their current step "
+            f"with their state saved; {cli.again(signum)}")
+
+
+def train_study(runs, slots, args):
+    """Trains the runs that are not finished; returns those that failed. A signal is passed on
+    to the running runs; once they saved their state and stopped, the table is written and
+    cli.Stopped raised."""
+    for run in runs:
+        find_state(run)
+    with cli.StopRequests(acknowledgement) as stop:
+        failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
+    if stop.signum:
+        write_table(runs, args.seeds, args.flags, args.out_root)
+        raise cli.Stopped(stop.signum, f"stopped by {signal.Signals(stop.signum).name}: every run that was "
+                                       f"training saved its state; the same command resumes the study")
+    return failed
+
+
 @cli.main
 def main(argv):
     """Command-line entry: 0 when every run finished, 1 when one failed, 2 for bad input."""
     args = parse_args(argv)
     runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
     slots = pick_gpus(args.gpus)
-    failed = []
-    if not args.report_only:
-        for run in runs:
-            find_state(run)
-        with cli.StopRequests() as stop:  # a signal stops the runs, which save their state first
-            failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
-        if stop.signum:
-            write_table(runs, args.seeds, args.flags, args.out_root)
-            raise cli.Stopped(stop.signum, f"stopped by {signal.Signals(stop.signum).name}: every run that was "
-                                           f"training saved its state; the same command resumes the study")
-    write_table(runs, args.seeds, args.flags, args.out_root)
+    # one study per out_root: a second would take the first's runs for failed ones
+    lock = None if args.report_only else FolderLock(args.out_root, "study.lock", "study.py", "out_root")
+    try:
+        failed = [] if args.report_only else train_study(runs, slots, args)
+        write_table(runs, args.seeds, args.flags, args.out_root)
+    except BaseException:
+        if lock:  # removes out_root if the lock made it and nothing was written there since
+            lock.undo()
+        raise
+    finally:
+        if lock:
+            lock.close()
     if failed:
         raise UserError(f"{len(failed)} runs failed: {', '.join(run.name for run in failed)}")
     return 0

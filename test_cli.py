@@ -7,7 +7,8 @@ Run: python -m pytest -q test_cli.py
 import errno
 import os
 import signal
-import time
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +17,7 @@ import check_causal
 import cli
 import sample
 import train
+from conftest import REPO
 
 
 @pytest.mark.parametrize("main, doc_line, key", [
@@ -30,14 +32,24 @@ def test_help_prints_usage_and_keys(main, doc_line, key, capsys):
     assert doc_line in out and key in out
 
 
-def test_sigterm_outside_training_is_one_line(capsys):
-    # where nothing is being saved (before training starts, in sample.py, ...): one line, 128 + 15
-    def entry(argv):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the signal interrupts this
+SIGNALLED = """
+import os, signal, sys, time
+import cli
+def entry(argv):
+    os.kill(os.getpid(), int(argv[0]))
+    time.sleep(30)  # the signal interrupts this
+sys.exit(cli.main(entry)(sys.argv[1:]))
+"""
 
-    assert cli.main(entry)([]) == 128 + signal.SIGTERM
-    assert capsys.readouterr().err == "stopped by SIGTERM\n"
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
+def test_a_signal_outside_training_is_one_line(signum):
+    # where nothing is being saved (before training starts, in sample.py, ...): one line, 128 + the
+    # signal's number; a process of its own, which the signal would kill if cli.main did not handle it
+    done = subprocess.run([sys.executable, "-c", SIGNALLED, str(int(signum))], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 128 + signum
+    assert done.stderr == f"stopped by {signal.Signals(signum).name}\n"
 
 
 def test_a_read_only_folder_is_one_line(tmp_path):

@@ -150,17 +150,25 @@ def test_seed_config_builds_the_seed_parameter_count(name, expected):
 # the machine
 
 
-def test_gpu_config_on_a_cpu_says_it_will_be_slow(capsys):
+def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
     for path, slow in (("config/baseline.py", True), ("config/tiny_cpu.py", False)):
         config = settings.get_config([os.path.join(REPO, path), "--device=cpu", "--compile=False"])
         module = settings.MODELS[config["model_type"]]
         with torch.device("meta"):  # the FLOP count needs the shapes only
             model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
-        tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
+        tokens_per_step = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+        settings.warn_if_slow_on_cpu(config, model.flops_per_token(), tokens_per_step, flops=100e9)
         out = capsys.readouterr().out
-        assert ("this config is sized for a GPU: 17 TFLOP per optimizer step" in out) == slow, out
+        # 17.3 TFLOP at 100 GFLOP/s: 173 s per step; the evaluation, 400 forward passes of 50 × 200
+        # tokens, a third of the FLOPs per token: 1440 s
+        step_s = model.flops_per_token() * tokens_per_step / 100e9
+        eval_s = model.flops_per_token() / 3 * 400 * 50 * 200 / 100e9
+        assert (f"one optimizer step (800 sequences of 200 tokens) is 17 TFLOP, at least {step_s / 60:.0f} minutes "
+                "on this CPU (100 GFLOP/s in matmuls)" in out) == slow, out
+        assert (f"the first evaluation (2 × 200 batches of 50 sequences, forward only) at least {eval_s / 60:.0f} "
+                "minutes" in out) == slow, out
         assert ("use config/tiny_cpu.py" in out) == slow
+    assert settings.cpu_flops(seconds=0.01) > 1e8  # measured: any CPU does this much
 
 
 @pytest.mark.parametrize("name, flops", [

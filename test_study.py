@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -162,25 +163,49 @@ def test_kill_then_resume(tiny, tmp_path):
     assert [r["iter"] for r in kept if r["type"] == "train"] == list(range(1, 101))
 
 
-def test_study_passes_sigterm_on_and_the_same_command_finishes(tiny, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
+def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, tiny, tmp_path):
     argv = [tiny["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
             "--max_iters=150", "--eval_interval=50"]
     run_dir = tmp_path / "base-seed3"
     process = start(argv, launcher=(sys.executable, "study.py"))
     wait_for(trained_to(run_dir, 20), process)
     child = int(open(run_dir / "train.lock").read().split("process ")[1].split()[0])
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in out + err
-    assert "the same command resumes the study" in err
+    assert process.returncode == 128 + signum and "Traceback" not in out + err
+    name = signal.Signals(signum).name
+    assert err.startswith(f"{name}: passed on to the running runs, which stop after their current step with their "
+                          "state saved; a second signal stops at once\n")
+    assert err.endswith(f"stopped by {name}: every run that was training saved its state; the same command resumes "
+                        "the study\n")
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # train.py ended with study.py
     stopped_at = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
     assert f"base-seed3: stopped at iter {stopped_at}, its state saved" in out
+    if signum != signal.SIGTERM:
+        return  # resuming is the same after every signal: once is enough
     status, out, _ = run_study(argv)
     assert status == 0 and f"[1/1] base-seed3: resuming from iter {stopped_at}" in out
     trains = [r["iter"] for r in report.read_log(str(run_dir))[0] if r["type"] == "train"]
     assert trains == list(range(1, 151))
+
+
+def test_a_second_study_on_the_same_out_root_is_refused(tiny, tmp_path):
+    argv = [tiny["base"], "--seeds=4", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+            "--max_iters=200", "--eval_interval=100"]  # seconds: the second comes long before the end
+    run_dir = tmp_path / "base-seed4"
+    first = start(argv, launcher=(sys.executable, "study.py"))
+    wait_for(trained_to(run_dir, 5), first)
+    status, out, err = run_study(argv)
+    assert status == 1 and out == ""
+    assert err == (f"error: {tmp_path} is in use by study.py (process {first.pid} on {socket.gethostname()}): "
+                   "wait for it to end, or choose another --out_root\n")
+    out, err = first.communicate(timeout=120)  # the first finishes untouched
+    assert first.returncode == 0, err
+    assert "[1/1] base-seed4: done at iter 200" in out and "FAILED" not in out
+    assert [r["iter"] for r in read_log(run_dir) if r["type"] == "train"] == list(range(1, 201))
+    assert len(starts(run_dir)) == 1
 
 
 def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):

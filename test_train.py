@@ -13,11 +13,13 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 import time
 
 import numpy as np
@@ -31,8 +33,8 @@ import settings
 import train
 from checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from cli import ConfigError
-from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, read_log, start,
-                      trained_to, wait_for)
+from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
+                      next_line_with, read_log, start, trained_to, wait_for)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -372,6 +374,20 @@ def test_out_dir_that_cannot_be_created(data_dir, tmp_path, capsys):
     assert f"cannot create out_dir {tmp_path}/a_file/out" in last_error(capsys)
 
 
+def test_a_failed_resume_leaves_nothing_behind(data_dir, tmp_path, capsys):
+    # a folder that does not exist: refused, and neither it nor its lock file is created
+    out_dir = tmp_path / "new" / "run"
+    assert train.main(argv_for(data_dir, out_dir, init_from="resume")) == 1
+    assert f"no checkpoint at {out_dir}/ckpt.pt" in last_error(capsys)
+    assert os.listdir(tmp_path) == []
+    # a folder of a run that stopped before its first checkpoint: refused, the folder as it was
+    out_dir.mkdir(parents=True)
+    (out_dir / "log.jsonl").write_text('{"type": "start"}\n')
+    assert train.main(argv_for(data_dir, out_dir, init_from="resume")) == 1
+    assert "stopped before its first one" in last_error(capsys)
+    assert os.listdir(out_dir) == ["log.jsonl"]
+
+
 def test_missing_wandb_writes_nothing(data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails
     out_dir = tmp_path / "run"
@@ -639,7 +655,9 @@ def unbroken(data_dir, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("signum, model_type", [(signal.SIGTERM, "future_attn"), (signal.SIGINT, "baseline")])
+# Ctrl-C; kill and schedulers; a closed terminal or a dropped ssh session; SLURM before a time limit
+@pytest.mark.parametrize("signum, model_type", [(signal.SIGTERM, "future_attn"), (signal.SIGINT, "baseline"),
+                                                (signal.SIGHUP, "future_attn"), (signal.SIGUSR1, "baseline")])
 def test_a_signal_stops_after_the_step_and_the_resumed_run_matches_an_unbroken_one(
         signum, model_type, data_dir, tmp_path, unbroken):
     out_dir = tmp_path / "run"
@@ -648,20 +666,48 @@ def test_a_signal_stops_after_the_step_and_the_resumed_run_matches_an_unbroken_o
     process.send_signal(signum)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signum
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2, err
     stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
     assert 60 <= stopped_at < RUN["max_iters"]
     assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
     name = signal.Signals(signum).name
-    assert err.startswith(f"stopped by {name} after iteration {stopped_at}: saved {out_dir}/ckpt.pt; continue with: ")
+    # answered at once with the step it stops after, then stopped there
+    acknowledgement, stopped = err.strip().splitlines()
+    assert acknowledgement.startswith(f"{name}: stopping after iteration {stopped_at} with its state saved; ")
+    assert stopped.startswith(f"stopped by {name} after iteration {stopped_at}: saved {out_dir}/ckpt.pt; continue with: ")
 
     # the command the message gives continues the run, to the numbers of a run never stopped
-    command = shlex.split(err.strip().split("continue with: ")[1])
+    command = shlex.split(stopped.split("continue with: ")[1])
     assert command[:2] == ["python", "train.py"] and command[-1] == "--init_from=resume"
+    if signum in (signal.SIGHUP, signal.SIGUSR1):
+        return  # what was saved is the same after every signal: resuming it once per model is enough
     resumed = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=ENV, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from iteration {stopped_at}" in resumed.stdout
     assert numbers(out_dir) == unbroken(model_type)
+
+
+def test_a_closed_terminal_stops_the_run_with_its_state_saved(data_dir, tmp_path):
+    # the run's terminal (a pty) closes mid-run: the kernel sends SIGHUP, and what the run prints
+    # from then on cannot reach a terminal
+    out_dir = tmp_path / "run"
+    terminal, its_end = os.openpty()
+    process = subprocess.Popen([sys.executable, "train.py", *run_argv(data_dir, out_dir)], cwd=REPO, env=ENV,
+                               stdin=its_end, stdout=its_end, stderr=its_end, start_new_session=True,
+                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    os.close(its_end)
+    try:
+        deadline, reached = time.time() + 90, trained_to(out_dir, 60)
+        while not reached():
+            assert process.poll() is None and time.time() < deadline
+            if select.select([terminal], [], [], 0.05)[0]:
+                os.read(terminal, 65536)  # the terminal shows the output: the run never waits for it
+    finally:
+        os.close(terminal)
+    assert process.wait(timeout=60) == 128 + signal.SIGHUP
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert 60 <= stopped_at < RUN["max_iters"]
+    assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
 
 
 def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
@@ -683,14 +729,35 @@ def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == 60
 
 
-def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(data_dir, tmp_path, monkeypatch, capsys):
+class SignalledFile:
+    """A file that gets a first and a second Ctrl-C at its third write, in the middle of torch.save."""
+
+    def __init__(self, f):
+        self.f, self.writes = f, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the first asks for the stop
+            os.kill(os.getpid(), signal.SIGINT)  # the second stops at once
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@pytest.mark.parametrize("when", ["after half the file", "inside torch.save"])
+def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(when, data_dir, tmp_path, monkeypatch,
+                                                                           capsys):
     out_dir = tmp_path / "run"
     assert train.main(run_argv(data_dir, out_dir, max_iters=4, eval_interval=2)) == 0
     before = (out_dir / "ckpt.pt").read_bytes()
     save = torch.save
 
-    def interrupted_save(obj, f):  # half the file written, then the second Ctrl-C arrives
-        save(obj, f)
+    def interrupted_save(obj, f):
+        if when == "inside torch.save":  # torch.save turns the signal's exception into an error of its own
+            return save(obj, SignalledFile(f))
+        save(obj, f)  # half the file written, then the second Ctrl-C arrives
         f.truncate(f.tell() // 2)
         os.kill(os.getpid(), signal.SIGINT)  # the first (during this save) asked for the stop
         os.kill(os.getpid(), signal.SIGINT)  # the second stops at once
@@ -702,20 +769,94 @@ def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(data_
     assert (out_dir / "ckpt.pt").read_bytes() == before and not (out_dir / "ckpt.pt.tmp").exists()
 
 
-def test_a_two_process_run_stopped_by_sigterm_resumes(data_dir, tmp_path):
+def test_a_gpu_sized_config_on_a_cpu_says_what_a_step_costs_and_answers_ctrl_c_at_once(data_dir, tmp_path):
+    # a GPU-sized model (8M parameters, 640 sequences of 200 tokens per step): minutes per step here
+    out_dir = tmp_path / "big"
+    argv = ["config/baseline.py", *flags(vocab_size=256, batch_size=2, gradient_accumulation_steps=320, eval_iters=1,
+                                         device="cpu", compile=False, data_dir=data_dir, out_dir=out_dir)]
+    process = start(argv)
+    out, err = line_reader(process.stdout), line_reader(process.stderr)
+    try:
+        # said before the first evaluation, from FLOPs per token
+        note = next_line_with(out, "note: this config is sized for a GPU", timeout=60)
+        with torch.device("meta"):  # the FLOP count needs the shapes only
+            model = settings.build_model("baseline", settings.model_args_of(settings.get_config(argv)))
+        tflop = model.flops_per_token() * 640 * 200 / 1e12
+        assert f"one optimizer step (640 sequences of 200 tokens) is {tflop:.0f} TFLOP, at least " in note
+        assert "and the first evaluation (2 × 1 batches of 2 sequences, forward only) at least " in note
+        assert "config/tiny_cpu.py" in next_line_with(out, "note: max_iters is 9,000", timeout=1)
+        wait_for((out_dir / "ckpt.pt").exists, process, timeout=60)  # saved at 0; the first step takes minutes
+        process.send_signal(signal.SIGINT)
+        acknowledgement = next_line_with(err, "SIGINT", timeout=10)  # at once, not after the step
+        assert acknowledgement == "SIGINT: stopping after iteration 1 with its state saved; Ctrl-C again to stop at once\n"
+        process.send_signal(signal.SIGINT)  # the user will not wait
+        assert process.wait(timeout=30) == 128 + signal.SIGINT
+        assert next_line_with(err, "stopped", timeout=5) == "stopped at once by a second SIGINT\n"
+    finally:
+        process.kill()
+        process.wait()
+    assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == 0  # the evaluation's save, whole
+    assert not (out_dir / "ckpt.pt.tmp").exists()
+
+
+@pytest.mark.parametrize("while_", ["compiling", "evaluating"])
+def test_a_second_signal_stops_at_once(while_, data_dir, tmp_path):
+    # compiling (a fresh compile cache) or evaluating takes a while before the first step
+    out_dir = tmp_path / "run"
+    slow = dict(compile=True) if while_ == "compiling" else dict(eval_iters=100_000)
+    env = dict(ENV, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    process = start(run_argv(data_dir, out_dir, **slow), env=env)
+    err = line_reader(process.stderr)
+    try:
+        # the start record written, then the first evaluation begins
+        wait_for(lambda: (out_dir / "log.jsonl").exists() and (out_dir / "log.jsonl").read_text().endswith("\n"),
+                 process, timeout=60)
+        process.send_signal(signal.SIGTERM)
+        assert next_line_with(err, "SIGTERM", timeout=10).startswith("SIGTERM: stopping after iteration 1 with its")
+        process.send_signal(signal.SIGINT)  # after the acknowledgement: a second signal, not the same one twice
+        assert process.wait(timeout=30) == 128 + signal.SIGINT
+        assert next_line_with(err, "stopped", timeout=5) == "stopped at once by a second SIGINT\n"
+    finally:
+        process.kill()
+        process.wait()
+    assert [r["type"] for r in read_log(out_dir)] == ["start"]  # stopped before the evaluation's record
+
+
+@pytest.mark.parametrize("signum, sent_to", [
+    # a closed terminal: the process group, which holds torchrun alone (its processes have sessions
+    # of their own); torchrun passes it on to both, as it does SIGTERM and SIGINT
+    (signal.SIGHUP, "the process group"),
+    (signal.SIGUSR1, "every process"),  # SLURM signals every process, and torchrun, told to, passes it on again
+])
+def test_a_two_process_run_stopped_by_a_signal_resumes(signum, sent_to, data_dir, tmp_path):
     out_dir = tmp_path / "ddp"
     argv = run_argv(data_dir, out_dir, model_type="encdec", gradient_accumulation_steps=4, max_iters=300)
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py")
-    process = start(argv, launcher=torchrun)
+    env = dict(ENV, TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")  # as docs/training.md says
+    process = start(argv, launcher=torchrun, env=env)
     wait_for(trained_to(out_dir, 20), process)
-    os.kill(process.pid, signal.SIGTERM)  # to torchrun, which passes it on to both processes
+    if sent_to == "the process group":
+        os.killpg(process.pid, signum)
+    else:
+        workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2
+        for pid in (*map(int, workers), process.pid):
+            os.kill(pid, signum)
     out, err = process.communicate(timeout=60)
     stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
     assert 20 <= stopped_at < 300
-    # one line from the processes (rank 0's); torchrun adds its own report of the signal
-    assert err.count("stopped by SIGTERM") == 1 and f"after iteration {stopped_at}: saved" in err
+    # one line from the processes (rank 0's) each time; torchrun adds its own report of the signal
+    name = signal.Signals(signum).name
+    # answered at once by rank 0, with the step it stops after at the latest (another process may
+    # have had the signal before rank 0 looked for one)
+    acknowledgements = [line for line in err.splitlines() if line.startswith(f"{name}: stopping after iteration ")]
+    assert len(acknowledgements) == 1, err[-3000:]
+    assert int(acknowledgements[0].split()[4]) in (stopped_at, stopped_at + 1)
+    assert err.count(f"stopped by {name}") == 1 and f"after iteration {stopped_at}: saved" in err, err[-3000:]
     assert "train.py" not in "".join(line for line in err.splitlines() if line.startswith("  File"))
     assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at
+    if signum != signal.SIGHUP:
+        return  # resuming is the same after every signal: once is enough
     resumed = subprocess.run([*torchrun, *argv, "--max_iters=" + str(stopped_at + 5), "--init_from=resume"],
                              cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -15,12 +15,13 @@ gradient_accumulation_steps is the TOTAL number of micro-steps per optimizer ste
 processes, so a config gives the same tokens per step on 1 or 8 GPUs. Rank 0 prints, appends
 JSON lines to out_dir/log.jsonl ("start", "train", "eval" records), and at every evaluation
 writes the whole state to out_dir/ckpt.pt and, when val improved, the model to best.pt.
-Ctrl-C or SIGTERM stops the run after the current step, with its state saved; a new run
-refuses an out_dir that already holds a run (resume it, or pass --overwrite=True), and a run
-locks its out_dir (out_dir/train.lock) so that a second one cannot write there too. A loss or
-gradient that is not finite stops the run before it reaches the weights, and nothing non-finite
-is ever saved; a run records the sha256 of its data and holds data_dir/data.lock shared while it
-trains, and a resume on other data is refused (docs/training.md, "What is checked, and when").
+Ctrl-C, SIGTERM, SIGHUP or SIGUSR1 stops the run after the current step, with its state
+saved; a new run refuses an out_dir that already holds a run (resume it, or pass
+--overwrite=True), and a run locks its out_dir (out_dir/train.lock) so that a second one
+cannot write there too. A loss or gradient that is not finite stops the run before it reaches
+the weights, and nothing non-finite is ever saved; a run records the sha256 of its data and
+holds data_dir/data.lock shared while it trains, and a resume on other data is refused
+(docs/training.md, "What is checked, and when").
 """
 
 import functools
@@ -177,6 +178,9 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
                                                                      batch_generator, rank)
 
     master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
+    next_check = iter_num + 1  # the step after which the loop next looks for a signal
+    if master:  # the first signal is answered at once; the stop comes after the step under way
+        stop.acknowledge = lambda signum: stopping_note(signum, f"iteration {min(next_check, config['max_iters'])}")
     accum_steps = config["gradient_accumulation_steps"] // world_size  # micro-steps per process
     model = torch.compile(raw_model) if config["compile"] else raw_model
     eval_model = model  # evaluation runs on rank 0 alone, outside DDP
@@ -188,6 +192,9 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
         last_good = (ckpt_path, iter_num)
     logger = Logger(os.path.join(config["out_dir"], "log.jsonl"), config, model_args, raw_model, world_size,
                     iter_num, data_identity) if master else None
+    if master and device_type == "cpu":  # before compiling and the first evaluation, both slow there
+        settings.warn_if_slow_on_cpu(config, raw_model.flops_per_token(),
+                                     tokens_per_step=accum_steps * config["batch_size"] * config["block_size"])
 
     def save(rng):  # ckpt.pt: the latest state (rank 0 only)
         checkpoint.save_checkpoint(ckpt_path, checkpoint.training_state(
@@ -256,7 +263,9 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
             t_last, timed_iters = time.time(), 0
             logger.log_step(iter_num, loss, aux, lr, dt, sequences=config["batch_size"] * accum_steps)
 
-        signum = agreed_stop(stop, ddp, device)  # every process stops after the same step
+        # a signal from here on stops after the next step: the acknowledgement says which
+        requested, next_check = stop.signum, iter_num + 1
+        signum = agreed_stop(requested, ddp, device)  # every process stops after the same step
         if signum:
             rng = gather_rng_states(batch_generator, world_size)
             if master:
@@ -311,11 +320,16 @@ def rerun_command(world_size, **changes):
     return " ".join(shlex.quote(arg) for arg in [*launcher, *args, *(f"--{key}={value}" for key, value in changes.items())])
 
 
-def agreed_stop(stop, ddp, device):
-    """The signal that any process was sent (stop.signum), on every process, or None."""
+def stopping_note(signum, when):
+    """The line a first signal gets at once: the run stops after `when`, a step that may take minutes."""
+    return f"{signal.Signals(signum).name}: stopping after {when} with its state saved; {cli.again(signum)}"
+
+
+def agreed_stop(signum, ddp, device):
+    """The signal that any process was sent (each process's signum, or None), on every process."""
     if not ddp:
-        return stop.signum
-    flag = torch.tensor([stop.signum or 0], device=device)
+        return signum
+    flag = torch.tensor([signum or 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() or None
 
@@ -336,8 +350,6 @@ class Logger:
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
                       init_from=config["init_from"], config=config, model_args=model_args, data=data_identity))
         self.flops_promised = settings.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
-        if not config["device"].startswith("cuda"):
-            settings.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_iter)
 
     def log(self, record):
         checkpoint.log_event(self.path, record)
@@ -450,8 +462,9 @@ def check_before_writing(config, world_size):
 
 def train(config):
     """Run the training job that config describes; returns the trained (unwrapped) model,
-    iter_num and best_val_loss. Under torchrun, every process calls this. SIGINT and SIGTERM
-    stop it after the current optimizer step, with the state saved (cli.Stopped)."""
+    iter_num and best_val_loss. Under torchrun, every process calls this. A stop signal
+    (cli.STOP_SIGNALS) stops it after the current optimizer step, with the state saved
+    (cli.Stopped). A run that fails before its first record leaves nothing in out_dir."""
     rank, world_size, device = setup_distributed(config)
     lock = data_lock = identity = stamps = None
     try:
@@ -464,7 +477,8 @@ def train(config):
             except UserError as e:
                 problem = e
         agree(problem, ddp=world_size > 1)
-        with cli.StopRequests() as stop:
+        acknowledge = (lambda signum: stopping_note(signum, "the first step")) if rank == 0 else None
+        with cli.StopRequests(acknowledge, passed_on=world_size > 1) as stop:
             config, autocast = with_precision(config, device)
             saved = None
             if config["init_from"] == "resume":  # every rank reads the checkpoint it continues from
@@ -483,6 +497,11 @@ def train(config):
                     return dict(model=checkpoint.model_from_checkpoint(saved).to(device), iter_num=saved["iter_num"],
                                 best_val_loss=saved["best_val_loss"])
             return run(config, rank, world_size, device, autocast, stop, saved, identity, stamps)
+    except BaseException:
+        if lock:  # removes the lock file and out_dir if the lock made them and nothing was written since
+            lock.undo()
+            lock = None
+        raise
     finally:
         if lock:
             lock.close()
