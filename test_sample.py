@@ -26,8 +26,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 def test_sample_from_a_checkpoint(trained_runs, tmp_path, capsys):
     argv = ["--out_dir=" + trained_runs["baseline"], "--device=cpu", "--num_samples=2", "--max_new_tokens=5"]
     assert sample.main(argv + ["--start=Hello world"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert out.count("Hello world") == 2 and out.count("---------------") == 2
+    assert "sampling from" not in out  # stdout holds the samples alone
+    best = load_checkpoint(os.path.join(trained_runs["baseline"], "best.pt"))
+    assert err == (f"sampling from {os.path.join(trained_runs['baseline'], 'best.pt')}: baseline at iteration "
+                   f"{best['iter_num']}, val loss {best['best_val_loss']:.4f}\n")
+    # the same flags written --key value
+    assert sample.main(["--out_dir", trained_runs["baseline"], "--device", "cpu", "--num_samples", "2",
+                        "--max_new_tokens", "5", "--start", "Hello world"]) == 0
+    assert capsys.readouterr().out == out
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Once upon a time<|endoftext|>")
     texts = sample.sample(configurator.merge(sample.DEFAULTS, *configurator.parse(argv + [f"--start=FILE:{prompt}"])))
@@ -42,6 +50,10 @@ def test_sample_reads_best_or_latest(data_dir, tmp_path, capsys, monkeypatch):
     for which, name in (("best", "best.pt"), ("latest", "ckpt.pt")):
         assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1", f"--checkpoint={which}"]) == 0
         assert loaded[-1] == os.path.join(str(out_dir), name)
+        saved = load_checkpoint(loaded[-1])
+        val = "val loss" if which == "best" else "best val loss so far"  # ckpt.pt may be past the best
+        assert f"{name}: baseline at iteration {saved['iter_num']}, {val} {saved['best_val_loss']:.4f}" in \
+            capsys.readouterr().err
     os.remove(out_dir / "best.pt")  # a run from before best.pt: its latest state, said so
     assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1"]) == 0
     assert loaded[-1].endswith("ckpt.pt") and "has no best.pt" in capsys.readouterr().out

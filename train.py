@@ -244,7 +244,7 @@ def nothing_to_train(config, saved, master):
 
 def stopped_note(signum, iter_num, ckpt_path, world_size):
     """What the user reads after a signal stopped the run: where, and the command that continues it."""
-    args = [arg for arg in sys.argv[1:] if not arg.startswith(("--init_from=", "--overwrite="))]
+    args = [arg for arg in configurator.normalize(sys.argv[1:]) if not arg.startswith(("--init_from=", "--overwrite="))]
     launcher = ["python", "train.py"] if world_size == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world_size}", "train.py"]
     command = " ".join(shlex.quote(arg) for arg in [*launcher, *args, "--init_from=resume"])
     return (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: saved {ckpt_path}; "

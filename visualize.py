@@ -395,7 +395,8 @@ def main(argv):
         return 0
     config = configurator.merge(DEFAULTS, *configurator.parse(argv))
     # configurator keeps the last of repeated flags; every --out_dir is a run to draw
-    out_dirs = [arg.partition("=")[2] for arg in argv if arg.startswith("--out_dir=")] or [config["out_dir"]]
+    out_dirs = [arg.partition("=")[2] for arg in configurator.normalize(argv) if arg.startswith("--out_dir=")]
+    out_dirs = out_dirs or [config["out_dir"]]
     visualize(config, out_dirs)
     return 0
 
