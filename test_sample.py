@@ -84,6 +84,16 @@ def test_sample_refuses_missing_or_foreign_checkpoint(tmp_path, capsys):
     assert "not a checkpoint written by train.py" in err and "Traceback" not in err
 
 
+def test_sample_without_a_tokenizer_is_one_error_line(trained_runs, monkeypatch, capsys):
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(sample.tiktoken, "get_encoding", offline)
+    assert sample.main([f"--out_dir={trained_runs['baseline']}", "--device=cpu"]) == 1
+    err = last_error(capsys).splitlines()
+    assert err[-1].startswith("error: cannot load the GPT-2 tokenizer (ConnectionError); offline, set TIKTOKEN_CACHE_DIR")
+    assert err[:-1] == [line for line in err[:-1] if line.startswith("sampling from")]  # nothing else
+
+
 @pytest.mark.parametrize("setting, message", [
     ("--temperature=0", "temperature must be > 0, got 0.0 (for greedy decoding use --top_k=1)"),
     ("--temperature=-1", "temperature must be > 0"),
