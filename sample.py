@@ -90,7 +90,7 @@ def provenance(path, checkpoint):
     elif os.path.basename(path) == "best.pt":
         val = f"val loss {best:.4f}"
     else:
-        val = f"best val loss so far {best:.4f} (best.pt)"
+        val = f"best val loss so far {best:.4f}"
     return f"sampling from {path}: {checkpoint['model_type']} at iteration {checkpoint['iter_num']:,}, {val}"
 
 
