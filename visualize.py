@@ -192,8 +192,8 @@ def save(fig, path, dpi):
         pyplot().close(fig)
 
 
-# sizes in inches at 72 points to the inch; at the default dpi (80) a point is 1.1 px, so the
-# smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,920 px
+# text in points (1/72 inch), sizes in inches: at the default dpi, 80, a point is 1.1 px, so the
+# smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,920 px wide
 TICK_PT, LABEL_PT = 9, 10
 SCREEN_INCHES = 24.0  # the widest a picture grows before its panels wrap to a new row
 MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
