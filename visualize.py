@@ -200,9 +200,9 @@ MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
 
 
 def panel_inches(T):
-    """The height of an attention panel of T queries: a short prompt's rows tall enough for
-    its token labels, a long one's within a screen."""
-    return min(max(0.3 * T, 1.5), 3.0)
+    """The height of an attention panel of T queries: room for its token labels (at most 12,
+    see draw_map), and a few rows of panels on a screen."""
+    return min(max(0.3 * T, 1.5), 2.2)
 
 
 def draw_map(ax, P, title, labels, future_dim=None, cell_aspect=1.0, left=True, bottom=True):
