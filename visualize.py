@@ -19,6 +19,7 @@ Needs matplotlib (pip install matplotlib). Tokens are GPT-2 BPE (tiktoken); offl
 TIKTOKEN_CACHE_DIR at a cached copy.
 """
 
+import math
 import os
 import sys
 
@@ -197,6 +198,7 @@ def save(fig, path, dpi):
 TICK_PT, LABEL_PT = 9, 10
 SCREEN_INCHES = 24.0  # the widest a picture grows before its panels wrap to a new row
 MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
+P_OMNI_INCHES = 4.5  # the widest a P_omni panel grows
 
 
 def panel_inches(T):
@@ -205,16 +207,16 @@ def panel_inches(T):
     return min(max(0.3 * T, 1.5), 2.2)
 
 
-def draw_map(ax, P, title, labels, future_dim=None, cell_aspect=1.0, left=True, bottom=True):
+def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left=True, bottom=True):
     """One attention map P (T, K), queries down and keys across, on a square-root scale: the
     causal part j <= i in blue and, with future_dim, the band i < j <= i + future_dim in orange.
-    A cell is cell_aspect times as high as wide. Token labels on the queries (left) and keys
-    (bottom) of a short prompt's outer panels."""
+    A cell is cell_inches (high, wide). Token labels on the queries (left) and keys (bottom) of
+    a short prompt's outer panels."""
     from matplotlib.colors import PowerNorm
     norm = PowerNorm(0.5, vmin=0.0, vmax=1.0)  # the square root shows the small weights too
     T = len(labels)
     i, j = np.arange(T)[:, None], np.arange(P.shape[1])[None, :]
-    image = dict(norm=norm, interpolation="nearest", aspect=cell_aspect)
+    image = dict(norm=norm, interpolation="nearest", aspect=cell_inches[0] / cell_inches[1])
     images = [ax.imshow(np.ma.masked_where(j > i, P), cmap="Blues", **image)]
     if future_dim:
         band = (j > i) & (j <= i + future_dim)
@@ -228,11 +230,10 @@ def draw_map(ax, P, title, labels, future_dim=None, cell_aspect=1.0, left=True, 
         ax.set_ylabel("query i", fontsize=LABEL_PT)
     if bottom:
         ax.set_xlabel("key j", fontsize=LABEL_PT)
-    if T <= 64:  # tokens on a short prompt (every step-th, so they do not overlap), positions on a long one
-        step = -(-T // 12)
-        ticks, names = range(0, T, step), labels[::step]
-        ax.set_yticks(ticks, names)
-        ax.set_xticks(ticks, names, rotation=90)
+    if T <= 64:  # tokens on a short prompt (at most 12, none closer than a line of text), positions on a long one
+        for set_ticks, inches, rotation in ((ax.set_yticks, cell_inches[0], 0), (ax.set_xticks, cell_inches[1], 90)):
+            step = max(-(-T // 12), math.ceil(1.4 * TICK_PT / 72 / inches))
+            set_ticks(range(0, T, step), labels[::step], rotation=rotation)
     return images
 
 
@@ -263,8 +264,8 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
     gaps = 0.35 * len(keys)  # between the panels, for their frames and titles
     inch_y = panel_inches(T) / T  # per query, and per key where the keys fit: square cells
     widths = [inch_y * n for n in keys]
-    if len(keys) == 2:  # P_omni's keys beyond the prompt narrow its cells, so that the group fits a screen
-        widths[0] = min(widths[0], SCREEN_INCHES - MARGIN_INCHES - gaps - widths[1])
+    if len(keys) == 2:  # P_omni's future keys past a short prompt: narrower cells, so that groups share a row
+        widths[0] = min(widths[0], P_OMNI_INCHES)
     group_inches = sum(widths) + gaps
     per_row = max(1, min(len(heads), int((SCREEN_INCHES - MARGIN_INCHES) // group_inches)))
     rows_per_layer = -(-len(heads) // per_row)
@@ -287,7 +288,7 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
                 ax = axes[row, (h % per_row) * len(keys) + k]
                 ax.axis("on")
                 images.update(zip(("causal", "future"), draw_map(
-                    ax, P.float().numpy(), name, labels, band, cell_aspect=inch_y / (widths[k] / keys[k]),
+                    ax, P.float().numpy(), name, labels, band, cell_inches=(inch_y, widths[k] / keys[k]),
                     left=h % per_row == 0 and k == 0, bottom=last_of_column)))
     bar = dict(ax=axes, location="bottom", shrink=min(0.8, 6 / fig.get_figwidth()), aspect=40, pad=0.02,
                panchor=False, ticks=[0, 0.05, 0.2, 0.5, 1])  # evenly spread on the square-root scale
