@@ -56,13 +56,13 @@ BENCH_DEFAULTS = dict(
     profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
 )
 MODES = ("compare", "explain", "sweep_block_size", "splits", "profile")  # at most one per run
-BARE_FLAGS = {"--compare": "--compare=True", "--explain": "--explain=True", "--profile": "--profile=5"}
+SWITCHES = dict(compare=True, explain=True, profile=5)  # a bare --compare means --compare=True, --profile 5 steps
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
 def parse_args(argv):
     """(bench settings, [(label, train config, impl)]) from `[config.py ...] [--key=value ...]`."""
-    argv = [BARE_FLAGS.get(a, a) for a in argv]
+    argv = configurator.normalize(argv, SWITCHES)
     paths = [a for a in argv if not a.startswith("--")]
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
@@ -81,10 +81,7 @@ def parse_args(argv):
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in BENCH_DEFAULTS]
     runs = []
     for path in paths or [None]:
-        try:
-            config = settings.get_config(([path] if path else []) + train_flags)
-        except configurator.ConfigError as e:
-            raise configurator.ConfigError(f"{e}\nbench.py's own keys: {', '.join(BENCH_DEFAULTS)}") from None
+        config = settings.get_config(([path] if path else []) + train_flags, script_keys=BENCH_DEFAULTS)
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise configurator.ConfigError("impl=flex needs --device=cuda: FlexAttention has no backward on a CPU")

@@ -52,7 +52,7 @@ CHECK_DEFAULTS = dict(
     probe_batch=128,  # sequences per probe step (the notebook's: 128)
     probe_lr=4e-3,  # probe learning rate, AdamW without weight decay (the notebook's: Adam, 4e-3)
 )
-FLAGS_WITHOUT_VALUE = ("--full_size", "--probe")  # `--probe` alone means --probe=True
+SWITCHES = dict(full_size=True, probe=True)  # `--probe` alone means --probe=True
 
 CHECK_WIDTH = 48  # n_embd of the shrunk model: the nearest multiple of the head counts
 CHECK_BLOCK_SIZE = 24
@@ -70,7 +70,7 @@ PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
 def parse_args(argv):
     """(checker settings, the config file's train config, the same with the flags applied,
     the keys the flags set) from `CONFIG [--key=value ...]`."""
-    argv = [a + "=True" if a in FLAGS_WITHOUT_VALUE else a for a in argv]
+    argv = configurator.normalize(argv, SWITCHES)
     paths = [a for a in argv if not a.startswith("--")]
     if len(paths) != 1:
         raise ConfigError("give one config file, e.g. `python check_causal.py config/future50_mse.py`")
@@ -82,12 +82,9 @@ def parse_args(argv):
     for key, least in (("batch", 1), ("probe_length", 2), ("probe_vocab", 2), ("probe_batch", 1)):
         if check[key] < least:
             raise ConfigError(f"{key} must be at least {least}, got {check[key]}")
-    try:
-        # the config file alone (with the flags' model_type): what "original → checked" reports
-        original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
-        config = settings.get_config(paths + train_flags)
-    except ConfigError as e:
-        raise ConfigError(f"{e}\ncheck_causal.py's own keys: {', '.join(CHECK_DEFAULTS)}") from None
+    # the config file alone (with the flags' model_type): what "original → checked" reports
+    original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+    config = settings.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
 
 
@@ -464,7 +461,7 @@ def main(argv):
     if not options["full_size"]:
         torch.set_num_threads(1)  # tensors this small keep one core busy; more threads only wait
     model_type = config["model_type"]
-    path = next(a for a in argv if not a.startswith("--"))
+    path = next(a for a in configurator.normalize(argv, SWITCHES) if not a.startswith("--"))
     print(f"{path}: {model_type}")
     if options["full_size"]:
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")

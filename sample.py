@@ -8,11 +8,13 @@ Samples text from a model that train.py trained (any of the three; ckpt.pt names
     python sample.py --help                                   # every key with its default
 
 By default the model is out_dir/best.pt, the evaluation with the lowest val loss; a run
-saves that and its latest state, ckpt.pt (--checkpoint=latest).
+saves that and its latest state, ckpt.pt (--checkpoint=latest). The line naming the checkpoint,
+its iteration and val loss goes to stderr, the samples to stdout (`> samples.txt` keeps them alone).
 
 Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
 """
 
+import math
 import os
 import sys
 
@@ -79,11 +81,27 @@ def check_settings(config):
     check_device(config["device"])
 
 
+def provenance(path, checkpoint):
+    """One line: the checkpoint sampled from, its model, iteration and val loss. best.pt holds
+    the model of its val loss; ckpt.pt, the latest state, may be past the best evaluation."""
+    best = checkpoint["best_val_loss"]
+    if not math.isfinite(best):
+        val = "no val loss yet"
+    elif os.path.basename(path) == "best.pt":
+        val = f"val loss {best:.4f}"
+    else:
+        val = f"best val loss so far {best:.4f}"
+    return f"sampling from {path}: {checkpoint['model_type']} at iteration {checkpoint['iter_num']:,}, {val}"
+
+
 def sample(config):
     """num_samples texts, each the prompt followed by max_new_tokens sampled tokens."""
     prompt = read_prompt(config["start"])
-    checkpoint = load_checkpoint(model_path(config["out_dir"], config["checkpoint"]))
+    path = model_path(config["out_dir"], config["checkpoint"])
+    checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint)
+    # on stderr, so that `python sample.py ... > samples.txt` holds the samples alone
+    print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
     _, autocast = autocast_for(config["dtype"], "cuda" if device.startswith("cuda") else "cpu")

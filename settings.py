@@ -94,14 +94,15 @@ def default_config(model_type):
     return config
 
 
-def get_config(argv):
-    """The config dict for `[config_file.py ...] [--key=value ...]`."""
+def get_config(argv, script_keys=()):
+    """The config dict for `[config_file.py ...] [--key=value ...]`; script_keys, the calling
+    script's own keys, are left to it (configurator.merge)."""
     files, overrides = configurator.parse(argv)
     # the valid keys depend on the model, so find model_type first: flag, then file, then default
     model_type = files.get("model_type", DEFAULTS["model_type"])
     if "model_type" in overrides:
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
-    config = configurator.merge(default_config(model_type), files, overrides)
+    config = configurator.merge(default_config(model_type), files, overrides, script_keys)
     for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", DTYPES)):
         if config[key] not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")

@@ -30,6 +30,7 @@ import time
 import torch
 
 import cli
+import configurator
 import data
 import report
 import settings
@@ -106,7 +107,9 @@ def parse_args(argv):
     parser.add_argument("--gpus", help="comma-separated GPU ids, one run on each at a time (default: all GPUs when there are several)")
     parser.add_argument("--report_only", action="store_true", help="train nothing, only tabulate what the runs hold")
     parser.add_argument("--progress_s", type=float, default=60.0, help="seconds between progress lines (default %(default)s)")
-    args, rest = parser.parse_known_args(argv)
+    # train.py's flags may be written `--key value` too: joined into `--key=value`, they pass through whole
+    own = [option for action in parser._actions for option in action.option_strings]
+    args, rest = parser.parse_known_args(configurator.normalize(argv, keep=own))
     # argparse leaves config paths that follow a --key=value among the unknown arguments
     args.configs += [arg for arg in rest if not arg.startswith("--")]
     args.flags = [arg for arg in rest if arg.startswith("--")]

@@ -166,6 +166,16 @@ def test_modes_do_not_mix(capsys):
     assert "add --profile" in capsys.readouterr().err
 
 
+def test_flags_as_key_space_value(capsys):
+    spaced = ["config/tiny_cpu.py", "--iters", "3", "--compare", "--impl", "readable,fast", "--batch_size", "2",
+              "--profile", "0", "--device", "cpu"]
+    joined = ["config/tiny_cpu.py", "--iters=3", "--compare=True", "--impl=readable,fast", "--batch_size=2",
+              "--profile=0", "--device=cpu"]
+    assert bench.parse_args(spaced) == bench.parse_args(joined)
+    assert bench.main(["config/tiny_cpu.py", "--iter", "3"]) == 2  # a misspelt bench key: the closest one
+    assert capsys.readouterr().err == "error: unknown key iter; did you mean iters?\n"
+
+
 def test_report_counts_every_micro_step(capsys):
     _, runs = bench.parse_args([*SMALL, "--batch_size=4"])
     run = dict(bench.build(*runs[0], micro_steps=2), device="cuda", times=[0.1, 0.1, 0.1])  # as if on a GPU

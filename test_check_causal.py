@@ -161,8 +161,23 @@ def test_bad_settings_exit_2(capsys):
     assert check_causal.main(["config/baseline.py", "--nonsense=3"]) == 2
     assert check_causal.main(["--probe"]) == 2
     err = capsys.readouterr().err
-    assert "probe_length must be at least 2" in err and "check_causal.py's own keys" in err
+    assert "probe_length must be at least 2" in err and "unknown key nonsense (--help lists the keys)" in err
     assert "give one config file" in err
+    # one line each, no key list: a missing config file, a misspelt key of the checker or of train.py
+    for argv, line in ((["config/nope.py"], "error: config file config/nope.py not found"),
+                       (["config/baseline.py", "--probe_lenght", "8"], "error: unknown key probe_lenght; did you mean probe_length?"),
+                       (["config/baseline.py", "--n_layr=2"], "error: unknown key n_layr; did you mean n_layer?")):
+        assert check_causal.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(line) and err.count("\n") == 1
+
+
+def test_flags_as_key_space_value():
+    spaced = check_causal.parse_args(["config/future50_mse.py", "--probe", "--batch", "3", "--n_layer", "4",
+                                      "--full_size", "False"])
+    joined = check_causal.parse_args(["config/future50_mse.py", "--probe=True", "--batch=3", "--n_layer=4",
+                                      "--full_size=False"])
+    assert spaced == joined and spaced[0]["probe"] is True and spaced[2]["n_layer"] == 4
 
 
 # --------------------------------------------------------------------------------------

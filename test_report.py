@@ -7,6 +7,8 @@ Run: python -m pytest -q test_report.py
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -118,6 +120,14 @@ def test_report_shows_the_writeup_beside_a_writeup_config_run(tmp_path, capsys):
     # the write-up's numbers sit under the run's own columns
     assert lines[2].index("3.017") == lines[1].index("3.600") and lines[2].index("3.419") == lines[1].index("3.700")
     assert lines[6] == "note: mine trains the model of config/future50_mse.py, but unlike the write-up: max_iters 300 (write-up 9000)"
+
+
+def test_help_does_not_import_torch():
+    # --help should answer at once: torch and the models load only for a run to compare
+    code = "import sys, report\ntry:\n    report.main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "False", result.stderr
+    assert result.stdout.startswith("usage:")
 
 
 def test_writeup_numbers_are_the_writeup_configs():

@@ -27,8 +27,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 def test_sample_from_a_checkpoint(trained_runs, tmp_path, capsys):
     argv = ["--out_dir=" + trained_runs["baseline"], "--device=cpu", "--num_samples=2", "--max_new_tokens=5"]
     assert sample.main(argv + ["--start=Hello world"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert out.count("Hello world") == 2 and out.count("---------------") == 2
+    assert "sampling from" not in out  # stdout holds the samples alone
+    best = load_checkpoint(os.path.join(trained_runs["baseline"], "best.pt"))
+    assert err == (f"sampling from {os.path.join(trained_runs['baseline'], 'best.pt')}: baseline at iteration "
+                   f"{best['iter_num']}, val loss {best['best_val_loss']:.4f}\n")
+    # the same flags written --key value
+    assert sample.main(["--out_dir", trained_runs["baseline"], "--device", "cpu", "--num_samples", "2",
+                        "--max_new_tokens", "5", "--start", "Hello world"]) == 0
+    assert capsys.readouterr().out == out
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Once upon a time<|endoftext|>")
     texts = sample.sample(configurator.merge(sample.DEFAULTS, *configurator.parse(argv + [f"--start=FILE:{prompt}"])))
@@ -43,6 +51,10 @@ def test_sample_reads_best_or_latest(data_dir, tmp_path, capsys, monkeypatch):
     for which, name in (("best", "best.pt"), ("latest", "ckpt.pt")):
         assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1", f"--checkpoint={which}"]) == 0
         assert loaded[-1] == os.path.join(str(out_dir), name)
+        saved = load_checkpoint(loaded[-1])
+        val = "val loss" if which == "best" else "best val loss so far"  # ckpt.pt may be past the best
+        assert f"{name}: baseline at iteration {saved['iter_num']}, {val} {saved['best_val_loss']:.4f}" in \
+            capsys.readouterr().err
     os.remove(out_dir / "best.pt")  # a run from before best.pt: its latest state, said so
     assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=1"]) == 0
     assert loaded[-1].endswith("ckpt.pt") and "has no best.pt" in capsys.readouterr().out
@@ -80,6 +92,16 @@ def test_sample_refuses_a_checkpoint_with_flipped_bits(trained_runs, tmp_path, c
     err = last_error(capsys)
     assert err.startswith(f"error: {tmp_path / 'run'}/best.pt is damaged: its member {member} fails its CRC32 check")
     assert "--checkpoint=latest" in err and err.count("\n") == 1
+
+
+def test_sample_without_a_tokenizer_is_one_error_line(trained_runs, monkeypatch, capsys):
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(sample.tiktoken, "get_encoding", offline)
+    assert sample.main([f"--out_dir={trained_runs['baseline']}", "--device=cpu"]) == 1
+    err = last_error(capsys).splitlines()
+    assert err[-1].startswith("error: cannot load the GPT-2 tokenizer (ConnectionError); offline, set TIKTOKEN_CACHE_DIR")
+    assert err[:-1] == [line for line in err[:-1] if line.startswith("sampling from")]  # nothing else
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -402,6 +402,13 @@ def test_val_difference_paired_and_unpaired():
     assert study.val_difference(results({1: None}), reference) is None
 
 
+def test_flags_as_key_space_value():
+    args = study.parse_args(["config/baseline.py", "--max_iters", "3", "config/future50_mse.py", "--seeds", "1,2",
+                             "--report_only", "--eval_iters", "2"])
+    assert args.configs == ["config/baseline.py", "config/future50_mse.py"] and args.seeds == [1, 2]
+    assert args.flags == ["--max_iters=3", "--eval_iters=2"] and args.report_only
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "no config given"),
     (["config/no_such.py"], "config file config/no_such.py not found"),
@@ -410,7 +417,7 @@ def test_val_difference_paired_and_unpaired():
     (["config/baseline.py", "--seeds="], "--seeds takes distinct comma-separated integers"),
     (["config/baseline.py", "--seed=3"], "study.py sets --seed for each run itself"),
     (["config/baseline.py", "--gpus=a"], "--gpus takes distinct comma-separated integers"),
-    (["config/baseline.py", "--max_itres=3"], "unknown key 'max_itres'"),
+    (["config/baseline.py", "--max_itres=3"], "unknown key max_itres; did you mean max_iters?"),
     (["config/baseline.py", "baseline.py"], "two configs share a name"),
 ])
 def test_bad_input_is_one_line_and_status_2(argv, message, monkeypatch):

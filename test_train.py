@@ -710,6 +710,14 @@ def test_a_closed_terminal_stops_the_run_with_its_state_saved(data_dir, tmp_path
     assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
 
 
+def test_the_command_to_continue_drops_init_from_and_overwrite_in_either_style(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py", "config/tiny_cpu.py", "--init_from", "scratch", "--overwrite",
+                                      "True", "--max_iters", "5", "--out_dir=my run"])
+    note = train.stopped_note(signal.SIGINT, 3, "my run/ckpt.pt", world_size=1)
+    assert note.endswith("continue with: python train.py config/tiny_cpu.py --max_iters=5 '--out_dir=my run' "
+                         "--init_from=resume")
+
+
 def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     # evaluations of 500 batches take a second or so; the signal comes right after step 50,
     # when the evaluation at 50 begins: it completes, is saved, then one more step, then the stop

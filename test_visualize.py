@@ -11,6 +11,7 @@ Run: python -m pytest -q test_visualize.py (offline: export TIKTOKEN_CACHE_DIR f
 import importlib.util
 import os
 import shutil
+import struct
 import sys
 
 import pytest
@@ -237,6 +238,7 @@ def test_no_embedding_loss_no_sides():
 RUNS = {  # name -> model settings; the GPT-2 vocabulary, so the prompt's tokens fit
     "base": dict(model_type="baseline"),
     "future": dict(model_type="future_attn", future_dim=4),
+    "wide": dict(model_type="future_attn", block_size=64),  # future_dim 63: P_omni far wider than a short prompt
     "encdec": dict(model_type="encdec"),  # MSE embedding loss and position subtraction
     "plain": dict(model_type="encdec", sub_pos="no", embedding_loss_type="none"),
 }
@@ -279,10 +281,46 @@ def test_every_model_type_end_to_end(runs, name, files, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == files  # no temporary files left
 
 
+def png_size(path):
+    """(width, height) in pixels, from the PNG's header."""
+    with open(path, "rb") as f:
+        header = f.read(24)
+    return struct.unpack(">II", header[16:24])
+
+
+@draws
+@pytest.mark.parametrize("tokens", [5, 70])  # a short prompt, and one longer than any run's block_size
+@pytest.mark.parametrize("name", ["base", "wide", "encdec"])
+def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, capsys):
+    """Every PNG at most ~2000 px wide and high, its smallest text 10 px or more, and P* as
+    wide as the prompt it shows."""
+    import matplotlib.text
+    save, smallest_text = visualize.save, {}
+
+    def measured_save(fig, path, dpi):
+        fig.canvas.draw()  # tick labels exist once drawn
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+        smallest_text[os.path.basename(path)] = min(t.get_fontsize() for t in texts) * dpi / 72  # points -> px
+        for ax in fig.axes:
+            if ax.get_title().startswith("P*"):  # its keys are the prompt's: no blank columns after them
+                assert ax.get_xlim() == (-0.5, T - 0.5)
+        save(fig, path, dpi)
+
+    monkeypatch.setattr(visualize, "save", measured_save)
+    T = min(tokens, 64 if name == "wide" else RUN["block_size"])
+    assert visualize.main([f"--out_dir={runs[name]}", "--start=" + " word" * tokens, f"--save_dir={tmp_path}"]) == 0
+    pictures = written(capsys.readouterr().out)
+    assert sorted(smallest_text) == pictures
+    for picture in pictures:
+        width, height = png_size(tmp_path / picture)
+        assert width <= 2000 and height <= 2000, (picture, width, height)
+        assert smallest_text[picture] >= 10, picture
+
+
 @draws
 def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, capsys):
     long_prompt = "--start=" + "one two three four five six seven eight nine ten " * 2  # 20 tokens > 16
-    argv = [f"--out_dir={runs['encdec']}", f"--out_dir={runs['plain']}", long_prompt, "--layer=0", "--head=0"]
+    argv = [f"--out_dir={runs['encdec']}", "--out_dir", runs["plain"], long_prompt, "--layer", "0", "--head=0"]
     assert visualize.main(argv) == 0
     out = capsys.readouterr().out
     assert "embeddings_out-encdec_vs_out-plain.png" in written(out)

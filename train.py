@@ -314,8 +314,8 @@ def stopped_note(signum, iter_num, ckpt_path, world_size):
 
 def rerun_command(world_size, **changes):
     """This launch's command line, with --key=value for each of changes instead of the launch's own."""
-    args = [arg for arg in sys.argv[1:] if not arg.startswith(("--init_from=", "--overwrite=",
-                                                               *(f"--{key}=" for key in changes)))]
+    dropped = ("--init_from=", "--overwrite=", *(f"--{key}=" for key in changes))
+    args = [arg for arg in configurator.normalize(sys.argv[1:]) if not arg.startswith(dropped)]
     launcher = ["python", "train.py"] if world_size == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world_size}", "train.py"]
     return " ".join(shlex.quote(arg) for arg in [*launcher, *args, *(f"--{key}={value}" for key, value in changes.items())])
 

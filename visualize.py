@@ -19,6 +19,7 @@ Needs matplotlib (pip install matplotlib). Tokens are GPT-2 BPE (tiktoken); offl
 TIKTOKEN_CACHE_DIR at a cached copy.
 """
 
+import math
 import os
 import sys
 
@@ -185,70 +186,116 @@ def pyplot():
 def save(fig, path, dpi):
     """Write atomically (cli.write_atomically): a temporary name in the same folder, then renamed."""
     try:
-        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+        # bbox_inches="tight": the picture holds all its text, whatever room the layout left
+        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         fig.clf()
         pyplot().close(fig)
 
 
-def draw_map(ax, P, title, labels, n_keys, future_dim=None):
+# text in points (1/72 inch), sizes in inches: at the default dpi, 80, a point is 1.1 px, so the
+# smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,920 px wide
+TICK_PT, LABEL_PT = 9, 10
+SCREEN_INCHES = 24.0  # the widest a picture grows before its panels wrap to a new row
+MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
+P_OMNI_INCHES = 4.5  # the widest a P_omni panel grows
+
+
+def panel_inches(T):
+    """The height of an attention panel of T queries: room for its token labels (at most 12,
+    see draw_map), and a few rows of panels on a screen."""
+    return min(max(0.3 * T, 1.5), 2.2)
+
+
+def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left=True, bottom=True):
     """One attention map P (T, K), queries down and keys across, on a square-root scale: the
-    causal part j <= i in blue and, with future_dim, the band i < j <= i + future_dim in orange."""
+    causal part j <= i in blue and, with future_dim, the band i < j <= i + future_dim in orange.
+    A cell is cell_inches (high, wide). Token labels on the queries (left) and keys (bottom) of
+    a short prompt's outer panels."""
     from matplotlib.colors import PowerNorm
     norm = PowerNorm(0.5, vmin=0.0, vmax=1.0)  # the square root shows the small weights too
     T = len(labels)
     i, j = np.arange(T)[:, None], np.arange(P.shape[1])[None, :]
-    images = [ax.imshow(np.ma.masked_where(j > i, P), cmap="Blues", norm=norm, interpolation="nearest")]
+    image = dict(norm=norm, interpolation="nearest", aspect=cell_inches[0] / cell_inches[1])
+    images = [ax.imshow(np.ma.masked_where(j > i, P), cmap="Blues", **image)]
     if future_dim:
         band = (j > i) & (j <= i + future_dim)
-        images.append(ax.imshow(np.ma.masked_where(~band, P), cmap="Oranges", norm=norm, interpolation="nearest"))
-        ax.axvline(T - 0.5, color="gray", lw=0.6, ls="--")  # key positions past the prompt on the right
-    ax.set_xlim(-0.5, n_keys - 0.5)
-    ax.set_title(title, fontsize=7)
-    ax.set_xlabel("key j", fontsize=7), ax.set_ylabel("query i", fontsize=7)
-    ax.tick_params(labelsize=6)
-    if T <= 64:  # tokens on a short prompt (every step-th, so they do not overlap), positions on a long one
-        step = -(-T // 12)
-        ticks, names = range(0, T, step), labels[::step]
-        ax.set_yticks(ticks, names if ax.get_subplotspec().is_first_col() else [])
-        ax.set_xticks(ticks, names if ax.get_subplotspec().is_last_row() else [], rotation=90)
-    ax.label_outer()  # tick labels on the left column and the bottom row only
+        images.append(ax.imshow(np.ma.masked_where(~band, P), cmap="Oranges", **image))
+        if P.shape[1] > T:
+            ax.axvline(T - 0.5, color="gray", lw=0.6, ls="--")  # key positions past the prompt on the right
+    ax.set_anchor("W")  # a causal layer's map under P_omni's: the same keys at the same place
+    ax.set_title(title, fontsize=LABEL_PT)
+    ax.tick_params(labelsize=TICK_PT, labelleft=left, labelbottom=bottom)
+    if left:
+        ax.set_ylabel("query i", fontsize=LABEL_PT)
+    if bottom:
+        ax.set_xlabel("key j", fontsize=LABEL_PT)
+    if T <= 64:  # tokens on a short prompt (at most 12, none closer than a line of text), positions on a long one
+        for set_ticks, inches, rotation in ((ax.set_yticks, cell_inches[0], 0), (ax.set_xticks, cell_inches[1], 90)):
+            step = max(-(-T // 12), math.ceil(1.4 * TICK_PT / 72 / inches))
+            set_ticks(range(0, T, step), labels[::step], rotation=rotation)
     return images
 
 
 def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim, dpi):
-    """One panel per (layer, head); with future attention (future_dim set), P_omni drawn as
-    future_square and beside it its target P*, on the same axes and colours."""
+    """One group of panels per (layer, head): its map, or with future attention (future_dim
+    set) P_omni drawn as future_square and beside it its target P*, on the same colours. Each
+    panel is as wide as its keys: P_omni's run past the prompt into the future band, P*'s and
+    the causal maps' stop at the prompt. The heads of a layer fill a row as wide as a screen,
+    then wrap; each layer starts a new row."""
     plt = pyplot()
-    panels = []  # rows of (title, (T, K) map or None, future_dim of its band)
+    T = len(labels)
+    groups = []  # per layer, per head: [(title, (T, K) map or None, future_dim of its band)]
     for layer in layers:
-        row = []
+        groups.append([])
         for head in heads:
             name = f"layer {layer} head {head}"
             if future_dim is None:
-                row.append((name, maps[layer][0, head], None))
+                group = [(name, maps[layer][0, head], None)]
             elif targets[layer] is None:  # a causal layer of the future-attention model
-                row += [(f"{name} (causal)", maps[layer][0, head], None), ("", None, None)]
+                group = [(f"{name} (causal)", maps[layer][0, head], None), ("", None, None)]
             else:
-                row += [(f"{name}: P_omni", maps[layer][0, head], future_dim),
-                        ("P* (its target)", targets[layer][0, head], future_dim)]
-        panels.append(row)
-    n_keys = max(maps[layer].size(-1) for layer in layers)
-    fig, axes = plt.subplots(len(panels), len(panels[0]), squeeze=False, layout="constrained",
-                             figsize=(1.6 * len(panels[0]) * n_keys / len(labels) + 1.2, 1.8 * len(panels) + 0.6))
+                group = [(f"{name}: P_omni", maps[layer][0, head], future_dim),
+                         ("P* (its target)", targets[layer][0, head], future_dim)]
+            groups[-1].append(group)
+    # the keys of each panel of a group: the most over the layers (P_omni's, where there is one)
+    keys = [max(group[k][1].shape[-1] for row in groups for group in row if group[k][1] is not None)
+            for k in range(len(groups[0][0]))]
+    gaps = 0.35 * len(keys)  # between the panels, for their frames and titles
+    inch_y = panel_inches(T) / T  # per query, and per key where the keys fit: square cells
+    widths = [inch_y * n for n in keys]
+    if len(keys) == 2:  # P_omni's future keys past a short prompt: narrower cells, so that groups share a row
+        widths[0] = min(widths[0], P_OMNI_INCHES)
+    group_inches = sum(widths) + gaps
+    per_row = max(1, min(len(heads), int((SCREEN_INCHES - MARGIN_INCHES) // group_inches)))
+    rows_per_layer = -(-len(heads) // per_row)
+    n_rows = len(layers) * rows_per_layer
+    longest = max(len(label) for label in labels) if T <= 64 else 4
+    fig, axes = plt.subplots(n_rows, per_row * len(keys), squeeze=False, layout="constrained",
+                             gridspec_kw=dict(width_ratios=widths * per_row),
+                             figsize=(MARGIN_INCHES + per_row * group_inches,  # and below: titles, labels, colour bars
+                                      n_rows * (inch_y * T + 0.5) + 0.1 * longest + 1.0 + 0.8 * (1 + bool(future_dim))))
+    for ax in axes.flat:
+        ax.axis("off")  # until a panel is drawn in it
     images = {}  # one image of each colour, for the colour bars
-    for row, panel_row in enumerate(panels):
-        for col, (name, P, band) in enumerate(panel_row):
-            if P is None:
-                axes[row, col].axis("off")
-            else:
-                images.update(zip(("causal", "future"), draw_map(axes[row, col], P.float().numpy(), name,
-                                                                  labels, n_keys, band)))
-    bar = dict(ax=axes, shrink=0.6, aspect=30, pad=0.01)
-    fig.colorbar(images["causal"], label="attention weight, keys j <= i", **bar)
+    for layer_index, row_groups in enumerate(groups):
+        for h, group in enumerate(row_groups):
+            row = layer_index * rows_per_layer + h // per_row
+            last_of_column = row == n_rows - 1 or (layer_index == len(groups) - 1 and h + per_row >= len(heads))
+            for k, (name, P, band) in enumerate(group):
+                if P is None:
+                    continue
+                ax = axes[row, (h % per_row) * len(keys) + k]
+                ax.axis("on")
+                images.update(zip(("causal", "future"), draw_map(
+                    ax, P.float().numpy(), name, labels, band, cell_inches=(inch_y, widths[k] / keys[k]),
+                    left=h % per_row == 0 and k == 0, bottom=last_of_column)))
+    bar = dict(ax=axes, location="bottom", shrink=min(0.8, 6 / fig.get_figwidth()), aspect=40, pad=0.02,
+               panchor=False, ticks=[0, 0.05, 0.2, 0.5, 1])  # evenly spread on the square-root scale
+    fig.colorbar(images["causal"], **bar).set_label("attention weight, keys j <= i", fontsize=LABEL_PT)
     if "future" in images:
-        fig.colorbar(images["future"], label="future keys, i < j <= i + future_dim", **bar)
-    fig.suptitle(title)
+        fig.colorbar(images["future"], **bar).set_label("future keys, i < j <= i + future_dim", fontsize=LABEL_PT)
+    fig.suptitle(title, fontsize=LABEL_PT + 2)
     save(fig, path, dpi)
 
 
@@ -274,11 +321,11 @@ def draw_embeddings(path, stats, block_sizes, dpi):
         for norms, label in ((s["token_norms"], f"||wte[v]||, {len(s['token_norms']):,} tokens"),
                              (s["pos_norms"], f"||wpe[p]||, {len(s['pos_norms'])} positions")):
             ax.hist(norms.float().numpy(), bins=bins, density=True, alpha=0.6, label=label)
-        ax.set(xlabel="norm", ylabel="density"), ax.legend(fontsize=7)
+        ax.set(xlabel="norm", ylabel="density"), ax.legend(fontsize=TICK_PT)
         ax = axes[2, col]
         ax.plot(s["pos_norms"].float().numpy(), label="||wpe[p]||")
         ax.axhline(s["token_norms"].median().item(), color="C1", ls="--", label="median ||wte[v]||")
-        ax.set(xlabel="position p", ylabel="norm"), ax.legend(fontsize=7)
+        ax.set(xlabel="position p", ylabel="norm"), ax.legend(fontsize=TICK_PT)
     fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, label="cosine similarity")
     save(fig, path, dpi)
 
@@ -286,7 +333,8 @@ def draw_embeddings(path, stats, block_sizes, dpi):
 def draw_embedding_loss(path, title, sides, labels, dpi):
     """Per position: the MSE between the two sides of the embedding loss, and their cosine similarity."""
     plt = pyplot()
-    fig, (ax_mse, ax_cos) = plt.subplots(2, 1, sharex=True, figsize=(max(6, 0.25 * len(labels)), 5.5),
+    # a quarter inch per token label, within a screen; a long prompt's positions need less
+    fig, (ax_mse, ax_cos) = plt.subplots(2, 1, sharex=True, figsize=(min(max(6, 0.25 * len(labels)), 16), 5.5),
                                          layout="constrained")
     mse, cosine = sides["mse"][0].float().numpy(), sides["cosine"][0].float().numpy()
     ax_mse.plot(mse, marker=".")
@@ -294,7 +342,7 @@ def draw_embedding_loss(path, title, sides, labels, dpi):
     ax_cos.plot(cosine, marker=".", color="C1")
     ax_cos.set(ylabel="cosine similarity", xlabel="position i")
     if len(labels) <= 64:
-        ax_cos.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
+        ax_cos.set_xticks(range(len(labels)), labels, fontsize=TICK_PT, rotation=90)
     save(fig, path, dpi)
 
 
@@ -395,7 +443,8 @@ def main(argv):
         return 0
     config = configurator.merge(DEFAULTS, *configurator.parse(argv))
     # configurator keeps the last of repeated flags; every --out_dir is a run to draw
-    out_dirs = [arg.partition("=")[2] for arg in argv if arg.startswith("--out_dir=")] or [config["out_dir"]]
+    out_dirs = [arg.partition("=")[2] for arg in configurator.normalize(argv) if arg.startswith("--out_dir=")]
+    out_dirs = out_dirs or [config["out_dir"]]
     visualize(config, out_dirs)
     return 0
 
