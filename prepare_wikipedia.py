@@ -872,7 +872,7 @@ def run(args):
         tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
     except Exception as e:
         default_cache = os.path.join(tempfile.gettempdir(), "data-gym-cache")  # tiktoken's, see its load.py
-        raise PrepareError(f"cannot load the GPT-2 tokenizer ({e}); HINT: tiktoken downloads its files on first use "
+        raise PrepareError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its files on first use "
                            f"and caches them in $TIKTOKEN_CACHE_DIR (default {default_cache}); offline, set "
                            "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network (see the README, Offline)")
     t0 = time.time()
