@@ -68,17 +68,18 @@ def estimate_loss(model, batch, eval_iters, autocast, seed):
     # estimates differ by the model only, and evaluating never moves the training batches
     generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
     model.eval()
-    out = {}
+    means = []
     for split in ("train", "val"):
-        losses = torch.zeros(eval_iters)
-        for k in range(eval_iters):
+        total = 0  # the sum of the split's losses, on the device: no sync per batch
+        for _ in range(eval_iters):
             X, Y = batch(split, generator)
             with autocast:
-                _, loss, _ = model(X, Y)
-            losses[k] = loss.item()
-        out[split] = losses.mean().item()
+                loss = model(X, Y)[1]  # the logits go at once, not kept through the next forward
+            total = total + loss.float()
+        means.append(total / eval_iters)
     model.train()
-    return out
+    train_loss, val_loss = torch.stack(means).tolist()  # one read from the device per estimate
+    return {"train": train_loss, "val": val_loss}
 
 
 # --------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp):
         # DDP averages the gradients across processes in the last micro-step's backward only
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast:
-                _, loss, aux = model(X, Y)
+                loss, aux = model(X, Y)[1:]  # the logits go now: kept, they would live through the next forward
             if not last:
                 X, Y = batch("train")  # fetch while the GPU computes
             # dividing by accum_steps makes the summed gradients those of the mean loss
