@@ -1,9 +1,11 @@
 """
-Times one training step (forward, backward, AdamW step) of the models that config files
-describe, on random tokens, after a warm-up. Settings are train.py's (config file plus
---key=value flags), with a few of bench.py's own (BENCH_DEFAULTS below).
+Times one training step of the models that config files describe, on random tokens, after a
+warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-backward passes
+(train.forward_backward) and one AdamW step. Settings are train.py's (config file plus
+--key=value flags), with a few of bench.py's own (BENCH_DEFAULTS below);
+--gradient_accumulation_steps=1 times a single micro-step and its AdamW step.
 
-    python bench.py config/future50_mse.py --device=cpu --batch_size=4
+    python bench.py config/future50_mse.py --device=cpu --batch_size=4 --gradient_accumulation_steps=1
     python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast --device=cpu --batch_size=4
     python bench.py config/future50_mse.py --explain                # graph breaks under torch.compile
     python bench.py config/future50_mse.py --sweep_block_size=256,512,1024,2048 --batch_size=8
@@ -23,8 +25,12 @@ between them (host gaps: Python, launches, syncs); on a CPU the ops' own (self) 
 the time outside any op. Kernel names cannot tell the output head's matmul from the
 layers', so it counts under matmul, and the report gives its share of the model's FLOPs.
 
---splits times whole optimizer steps (every micro-step, then AdamW) for each way of
-splitting the same sequences per step into batch_size x gradient_accumulation_steps.
+--splits times whole optimizer steps for each way of splitting the same sequences per step
+into batch_size x gradient_accumulation_steps.
+
+Peak memory: on CUDA the most allocated during a step; on a CPU the growth of the process's
+peak resident memory (RSS) over its steps, one run per process (--warmup=0 --iters=1: the
+first step's, AdamW's state included).
 """
 
 import collections
@@ -43,6 +49,7 @@ import cli
 import configurator
 import model_future_attn
 import settings
+import train
 
 BENCH_DEFAULTS = dict(
     iters=20,  # timed steps per run
@@ -116,8 +123,9 @@ def parse_splits(text):
     return splits
 
 
-def build(label, config, impl, micro_steps=1):
-    """A dict with everything one run's step needs: model, optimizer, batch, autocast."""
+def build(label, config, impl, micro_steps=None):
+    """A dict with everything one run's step needs: model, optimizer, batch, autocast; a step
+    is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     dtype, autocast = settings.autocast_for(config["dtype"], device_type)
@@ -133,7 +141,8 @@ def build(label, config, impl, micro_steps=1):
     y = torch.randint(config["vocab_size"], shape, device=device)
     return dict(label=label, config=config, impl=impl, device=device, dtype=dtype, autocast=autocast,
                 model=model, step_model=torch.compile(model) if config["compile"] else model,
-                optimizer=optimizer, x=x, y=y, micro_steps=micro_steps, times=[], peak_memory=0)
+                optimizer=optimizer, scaler=torch.amp.GradScaler(device_type, enabled=dtype == "float16"),
+                x=x, y=y, micro_steps=micro_steps or config["gradient_accumulation_steps"], times=[], peak_memory=0)
 
 
 def sync(run):
@@ -142,18 +151,20 @@ def sync(run):
 
 
 def step(run):
-    """One timed optimizer step over run['micro_steps'] forward-backward passes of the batch
-    (one, except for --splits); on CUDA also records the step's peak memory."""
+    """One timed optimizer step as train.py runs it: run['micro_steps'] forward-backward passes
+    of the batch, then AdamW; on CUDA also records the step's peak memory."""
     cuda = run["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(run["device"])
     sync(run)
     t0 = time.perf_counter()
-    for _ in range(run["micro_steps"]):
-        with run["autocast"]:
-            _, loss, _ = run["step_model"](run["x"], run["y"])
-        (loss / run["micro_steps"]).backward()  # as in train.py: the gradients of the mean loss
-    run["optimizer"].step()
+    train.forward_backward(run["step_model"], lambda split: (run["x"], run["y"]), run["micro_steps"],
+                           run["autocast"], run["scaler"], ddp=False)
+    if run["config"]["grad_clip"] > 0:
+        run["scaler"].unscale_(run["optimizer"])
+        torch.nn.utils.clip_grad_norm_(run["model"].parameters(), run["config"]["grad_clip"])
+    run["scaler"].step(run["optimizer"])
+    run["scaler"].update()
     run["optimizer"].zero_grad(set_to_none=True)
     sync(run)
     dt = time.perf_counter() - t0
@@ -317,8 +328,8 @@ def profile(run, bench):
     gap = "host gaps (GPU idle)" if cuda else "outside ops (Python)"
 
     config = run["config"]
-    print(f"{run['label']}: {n} steps traced, each forward and backward of batch {config['batch_size']} x "
-          f"{config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
+    print(f"{run['label']}: {n} steps traced, each {run['micro_steps']} forward and backward passes of batch "
+          f"{config['batch_size']} x {config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
     print(f"  {'kind':24s} {'ms/step':>9s} {'%':>7s}")
     for kind, ms in [*ms_by_kind.items(), (gap, wall - busy), ("total (wall)", wall)]:
         print(f"  {kind:24s} {ms:9.2f} {ms / wall * 100:6.1f}%")
@@ -364,7 +375,8 @@ def main(argv):
     runs = [build(*run) for run in runs]
     for run in runs:
         print(f"{run['label']}: {run['model'].get_num_params():,} parameters, batch {run['config']['batch_size']} "
-              f"x block_size {run['config']['block_size']}, {run['dtype']}, compile={run['config']['compile']}")
+              f"x block_size {run['config']['block_size']}, {run['dtype']}, compile={run['config']['compile']}; "
+              f"an iter is one train.py step: {run['micro_steps']} x (forward, backward), then AdamW")
     if bench["explain"]:
         for run in runs:
             explain(run)
