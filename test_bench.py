@@ -148,6 +148,18 @@ def test_a_step_runs_every_micro_step_on_the_mean_loss():
         torch.testing.assert_close(run["optimizer"].state[p]["exp_avg"], (1 - beta1) * q.grad, rtol=1e-4, atol=1e-7)
 
 
+def test_a_step_is_train_pys_optimizer_step(monkeypatch):
+    # by default gradient_accumulation_steps passes, then one AdamW step, as train.py runs an iteration
+    _, runs = bench.parse_args([*SMALL, "--batch_size=2", "--gradient_accumulation_steps=3"])
+    run = bench.build(*runs[0])
+    passes, model = [], run["step_model"]
+    run["step_model"] = lambda x, y: passes.append(x) or model(x, y)
+    adamw_steps = []
+    monkeypatch.setattr(run["optimizer"], "step", lambda *a: adamw_steps.append(1))
+    bench.step(run)
+    assert (len(passes), len(adamw_steps)) == (3, 1)
+
+
 @pytest.mark.parametrize("splits, message", [
     ("4x2,4x1", "split 4x1 trains on 4 sequences per optimizer step but 4x2 on 8"),
     ("4-2", "write splits as BATCHxACCUM"),
