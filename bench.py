@@ -25,6 +25,11 @@ between them (host gaps: Python, launches, syncs); on a CPU the ops' own (self) 
 the time outside any op. Kernel names cannot tell the output head's matmul from the
 layers', so it counts under matmul, and the report gives its share of the model's FLOPs.
 
+--memory traces one step after the warm-up and prints the most tensor memory allocated during
+it, above what the step started with (the weights and AdamW's state), from the allocator's
+running total in torch.profiler's allocation records: on a CPU too, where the peak RSS above
+also counts the allocator's and Python's own memory.
+
 --splits times whole optimizer steps for each way of splitting the same sequences per step
 into batch_size x gradient_accumulation_steps.
 
@@ -42,6 +47,7 @@ import sys
 import time
 
 import torch
+from torch._C._profiler import _EventType
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
@@ -61,9 +67,11 @@ BENCH_DEFAULTS = dict(
     splits="",  # e.g. '50x16,100x8': batch_size x gradient_accumulation_steps, all the same product
     profile=0,  # steps to trace with torch.profiler after the warm-up (a bare --profile: 5)
     profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
+    memory=False,  # the peak tensor memory of one step after the warm-up, from torch.profiler's allocation records
 )
-MODES = ("compare", "explain", "sweep_block_size", "splits", "profile")  # at most one per run
-BARE_FLAGS = {"--compare": "--compare=True", "--explain": "--explain=True", "--profile": "--profile=5"}
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory")  # at most one per run
+BARE_FLAGS = {"--compare": "--compare=True", "--explain": "--explain=True", "--profile": "--profile=5",
+              "--memory": "--memory=True"}
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
@@ -252,6 +260,29 @@ def splits(run, bench):
                            for b, k in bench["splits"]])
 
 
+def peak_memory(run, bench):
+    """Prints the most tensor memory allocated during one step after the warm-up, above what
+    was allocated when it started: the running totals of the allocation records on the
+    run's device (on CUDA, torch.cuda.max_memory_allocated measures the same)."""
+    for _ in range(bench["warmup"]):
+        step(run)
+    cuda = run["device"].startswith("cuda")
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        step(run)
+    device_type = "cuda" if cuda else "cpu"
+    peak = 0
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:  # every allocation and free, wherever in the op tree
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device_type:
+            peak = max(peak, event.extra_fields.total_allocated)
+    config = run["config"]
+    print(f"{run['label']}: peak tensor memory of one step ({run['micro_steps']} x (forward, backward) of batch "
+          f"{config['batch_size']} x {config['block_size']}, then AdamW): {peak / 2**20:,.1f} MiB above its start")
+
+
 # --------------------------------------------------------------------------------------
 # profile: where a step's time goes
 
@@ -383,6 +414,9 @@ def main(argv):
     elif bench["profile"]:
         for run in runs:
             profile(run, bench)
+    elif bench["memory"]:
+        for run in runs:
+            peak_memory(run, bench)
     elif bench["compare"]:
         time_runs(runs, bench)
         for run in runs:
