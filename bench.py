@@ -262,8 +262,8 @@ def splits(run, bench):
 
 def peak_memory(run, bench):
     """Prints the most tensor memory allocated during one step after the warm-up, above what
-    was allocated when it started: the running totals of the allocation records on the
-    run's device (on CUDA, torch.cuda.max_memory_allocated measures the same)."""
+    was allocated when it started: the allocator's running total in the allocation records
+    on the run's device, less its value before the step's first allocation."""
     for _ in range(bench["warmup"]):
         step(run)
     cuda = run["device"].startswith("cuda")
@@ -271,13 +271,16 @@ def peak_memory(run, bench):
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         step(run)
     device_type = "cuda" if cuda else "cpu"
-    peak = 0
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    records, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:  # every allocation and free, wherever in the op tree
         event = stack.pop()
         stack.extend(event.children)
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == device_type:
-            peak = max(peak, event.extra_fields.total_allocated)
+            records.append((event.start_time_ns, event.extra_fields))
+    records.sort(key=lambda record: record[0])
+    first = records[0][1]
+    start = first.total_allocated - first.alloc_size  # the allocator's total before the step
+    peak = max(fields.total_allocated for _, fields in records) - start
     config = run["config"]
     print(f"{run['label']}: peak tensor memory of one step ({run['micro_steps']} x (forward, backward) of batch "
           f"{config['batch_size']} x {config['block_size']}, then AdamW): {peak / 2**20:,.1f} MiB above its start")
