@@ -1,7 +1,8 @@
 """
 Tests of train.py, on a CPU with tiny models on random tokens (conftest.py): a run trains, logs
 and saves; resume reproduces an unbroken run; signals stop after the step with the state saved;
-the out_dir guard and lock; --eval_only; non-finite losses; gradient accumulation and DDP. A test
+the out_dir guard and lock; --eval_only; non-finite losses; what a GPU would wait on (host reads
+of device values) and logits kept across micro-steps; gradient accumulation and DDP. A test
 of what train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
 Run: python -m pytest -q test_train.py
 """
@@ -596,7 +597,7 @@ def test_host_reads_one_per_step_and_a_constant_per_evaluation(model_type, data_
 
 @pytest.mark.parametrize("model_type", ["baseline", "future_attn", "encdec"])
 def test_no_micro_steps_logits_live_through_the_next_forward(model_type, data_dir, tmp_path, monkeypatch):
-    # the logits, (B, T, vocab), are a step's largest tensor: kept, they would double its peak
+    # the logits, (B, T, vocab), are a step's largest tensor: kept, they add their size to the next forward's peak
     alive, last_logits = [], [None]
 
     def check_previous(module, inputs):  # before each forward
