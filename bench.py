@@ -1,9 +1,11 @@
 """
-Times one training step (forward, backward, AdamW step) of the models that config files
-describe, on random tokens, after a warm-up. Settings are train.py's (config file plus
---key=value flags), with a few of bench.py's own (BENCH_DEFAULTS below).
+Times one training step of the models that config files describe, on random tokens, after a
+warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-backward passes
+(train.forward_backward) and one AdamW step. Settings are train.py's (config file plus
+--key=value flags), with a few of bench.py's own (BENCH_DEFAULTS below);
+--gradient_accumulation_steps=1 times a single micro-step and its AdamW step.
 
-    python bench.py config/future50_mse.py --device=cpu --batch_size=4
+    python bench.py config/future50_mse.py --device=cpu --batch_size=4 --gradient_accumulation_steps=1
     python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast --device=cpu --batch_size=4
     python bench.py config/future50_mse.py --explain                # graph breaks under torch.compile
     python bench.py config/future50_mse.py --sweep_block_size=256,512,1024,2048 --batch_size=8
@@ -23,8 +25,17 @@ between them (host gaps: Python, launches, syncs); on a CPU the ops' own (self) 
 the time outside any op. Kernel names cannot tell the output head's matmul from the
 layers', so it counts under matmul, and the report gives its share of the model's FLOPs.
 
---splits times whole optimizer steps (every micro-step, then AdamW) for each way of
-splitting the same sequences per step into batch_size x gradient_accumulation_steps.
+--memory traces one step after the warm-up and prints the most tensor memory allocated during
+it, above what the step started with (the weights and AdamW's state), from the allocator's
+running total in torch.profiler's allocation records: on a CPU too, where the peak RSS above
+also counts the allocator's and Python's own memory.
+
+--splits times whole optimizer steps for each way of splitting the same sequences per step
+into batch_size x gradient_accumulation_steps.
+
+Peak memory: on CUDA the most allocated during a step; on a CPU the growth of the process's
+peak resident memory (RSS) over its steps, one run per process (--warmup=0 --iters=1: the
+first step's, AdamW's state included).
 """
 
 import collections
@@ -36,6 +47,7 @@ import sys
 import time
 
 import torch
+from torch._C._profiler import _EventType
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
@@ -43,6 +55,7 @@ import cli
 import configurator
 import model_future_attn
 import settings
+import train
 
 BENCH_DEFAULTS = dict(
     iters=20,  # timed steps per run
@@ -54,9 +67,10 @@ BENCH_DEFAULTS = dict(
     splits="",  # e.g. '50x16,100x8': batch_size x gradient_accumulation_steps, all the same product
     profile=0,  # steps to trace with torch.profiler after the warm-up (a bare --profile: 5)
     profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
+    memory=False,  # the peak tensor memory of one step after the warm-up, from torch.profiler's allocation records
 )
-MODES = ("compare", "explain", "sweep_block_size", "splits", "profile")  # at most one per run
-SWITCHES = dict(compare=True, explain=True, profile=5)  # a bare --compare means --compare=True, --profile 5 steps
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory")  # at most one per run
+SWITCHES = dict(compare=True, explain=True, profile=5, memory=True)  # a bare --compare means --compare=True, --profile 5 steps
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
@@ -113,8 +127,9 @@ def parse_splits(text):
     return splits
 
 
-def build(label, config, impl, micro_steps=1):
-    """A dict with everything one run's step needs: model, optimizer, batch, autocast."""
+def build(label, config, impl, micro_steps=None):
+    """A dict with everything one run's step needs: model, optimizer, batch, autocast; a step
+    is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     dtype, autocast = settings.autocast_for(config["dtype"], device_type)
@@ -130,7 +145,8 @@ def build(label, config, impl, micro_steps=1):
     y = torch.randint(config["vocab_size"], shape, device=device)
     return dict(label=label, config=config, impl=impl, device=device, dtype=dtype, autocast=autocast,
                 model=model, step_model=torch.compile(model) if config["compile"] else model,
-                optimizer=optimizer, x=x, y=y, micro_steps=micro_steps, times=[], peak_memory=0)
+                optimizer=optimizer, scaler=torch.amp.GradScaler(device_type, enabled=dtype == "float16"),
+                x=x, y=y, micro_steps=micro_steps or config["gradient_accumulation_steps"], times=[], peak_memory=0)
 
 
 def sync(run):
@@ -139,18 +155,19 @@ def sync(run):
 
 
 def step(run):
-    """One timed optimizer step over run['micro_steps'] forward-backward passes of the batch
-    (one, except for --splits); on CUDA also records the step's peak memory."""
+    """One timed optimizer step as train.py runs it: run['micro_steps'] forward-backward passes
+    of the batch, then AdamW; on CUDA also records the step's peak memory."""
     cuda = run["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(run["device"])
     sync(run)
     t0 = time.perf_counter()
-    for _ in range(run["micro_steps"]):
-        with run["autocast"]:
-            _, loss, _ = run["step_model"](run["x"], run["y"])
-        (loss / run["micro_steps"]).backward()  # as in train.py: the gradients of the mean loss
-    run["optimizer"].step()
+    # the gradients, unscaled and clipped as train.py clips them; its one sync per step included
+    train.forward_backward(run["step_model"], lambda split: (run["x"], run["y"]), run["micro_steps"],
+                           run["autocast"], run["scaler"], ddp=False, optimizer=run["optimizer"],
+                           grad_clip=run["config"]["grad_clip"])
+    run["scaler"].step(run["optimizer"])
+    run["scaler"].update()
     run["optimizer"].zero_grad(set_to_none=True)
     sync(run)
     dt = time.perf_counter() - t0
@@ -238,6 +255,32 @@ def splits(run, bench):
                            for b, k in bench["splits"]])
 
 
+def peak_memory(run, bench):
+    """Prints the most tensor memory allocated during one step after the warm-up, above what
+    was allocated when it started: the allocator's running total in the allocation records
+    on the run's device, less its value before the step's first allocation."""
+    for _ in range(bench["warmup"]):
+        step(run)
+    cuda = run["device"].startswith("cuda")
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        step(run)
+    device_type = "cuda" if cuda else "cpu"
+    records, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:  # every allocation and free, wherever in the op tree
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device_type:
+            records.append((event.start_time_ns, event.extra_fields))
+    records.sort(key=lambda record: record[0])
+    first = records[0][1]
+    start = first.total_allocated - first.alloc_size  # the allocator's total before the step
+    peak = max(fields.total_allocated for _, fields in records) - start
+    config = run["config"]
+    print(f"{run['label']}: peak tensor memory of one step ({run['micro_steps']} x (forward, backward) of batch "
+          f"{config['batch_size']} x {config['block_size']}, then AdamW): {peak / 2**20:,.1f} MiB above its start")
+
+
 # --------------------------------------------------------------------------------------
 # profile: where a step's time goes
 
@@ -314,8 +357,8 @@ def profile(run, bench):
     gap = "host gaps (GPU idle)" if cuda else "outside ops (Python)"
 
     config = run["config"]
-    print(f"{run['label']}: {n} steps traced, each forward and backward of batch {config['batch_size']} x "
-          f"{config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
+    print(f"{run['label']}: {n} steps traced, each {run['micro_steps']} forward and backward passes of batch "
+          f"{config['batch_size']} x {config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
     print(f"  {'kind':24s} {'ms/step':>9s} {'%':>7s}")
     for kind, ms in [*ms_by_kind.items(), (gap, wall - busy), ("total (wall)", wall)]:
         print(f"  {kind:24s} {ms:9.2f} {ms / wall * 100:6.1f}%")
@@ -361,13 +404,17 @@ def main(argv):
     runs = [build(*run) for run in runs]
     for run in runs:
         print(f"{run['label']}: {run['model'].get_num_params():,} parameters, batch {run['config']['batch_size']} "
-              f"x block_size {run['config']['block_size']}, {run['dtype']}, compile={run['config']['compile']}")
+              f"x block_size {run['config']['block_size']}, {run['dtype']}, compile={run['config']['compile']}; "
+              f"an iter is one train.py step: {run['micro_steps']} x (forward, backward), then AdamW")
     if bench["explain"]:
         for run in runs:
             explain(run)
     elif bench["profile"]:
         for run in runs:
             profile(run, bench)
+    elif bench["memory"]:
+        for run in runs:
+            peak_memory(run, bench)
     elif bench["compare"]:
         time_runs(runs, bench)
         for run in runs:

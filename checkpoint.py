@@ -229,29 +229,30 @@ def save_checkpoint(path, checkpoint):
     if bad:
         raise UserError(f"not saving {path}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold non-finite "
                         f"values; the previous {os.path.basename(path)} is kept")
-    size = sum(t.numel() * t.element_size() for t in tensors_in(checkpoint))
+    size = sum(t.numel() * t.element_size() for _, t in named_tensors(checkpoint))
     write_atomically(path, lambda f: torch.save(checkpoint, f), size=size)
 
 
-def nonfinite_tensors(state, name=""):
+def nonfinite_tensors(state):
     """The names (model/..., optimizer/...) of the floating-point tensors in a checkpoint that hold
-    a NaN or an infinity; one check per tensor, made at saves only."""
-    if isinstance(state, torch.Tensor):
-        return [name] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
-    return [bad for key, item in items for bad in nonfinite_tensors(item, f"{name}/{key}" if name else str(key))]
+    a NaN or an infinity. One read per device for the whole state (a GPU syncs once); the names
+    are looked for only when something is not finite."""
+    named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
+    finite_by_device = {}  # AdamW's step counts stay on the CPU while the weights are on a GPU
+    for _, t in named:
+        finite_by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    if all(torch.stack(finite).all().item() for finite in finite_by_device.values()):
+        return []
+    return [name for name, t in named if not torch.isfinite(t).all()]
 
 
-def tensors_in(value):
-    """Every tensor in a nested dict/list/tuple (a checkpoint), for its size on disk."""
+def named_tensors(value, name=""):
+    """(path, tensor) for every tensor in a nested dict/list/tuple (a checkpoint)."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
+        yield name, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        yield from named_tensors(item, f"{name}/{key}" if name else str(key))
 
 
 def load_checkpoint(path, keys=MODEL_KEYS):

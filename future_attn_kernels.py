@@ -22,14 +22,16 @@ import torch
 
 
 def choose(impl, q, K_future, K_future_bias, dropout_p):
-    """'fast' or 'flex': which version here computes future_attention for learned future keys.
+    """'fast', 'flex' or 'readable': which version computes future_attention for learned future keys.
 
     impl 'fast' or 'flex' is taken as asked, refused where that version cannot compute the
     same function. 'auto' (which comes here only without dropout) takes flex_attention on a
     GPU at the full context T = C (training, evaluation, and generation once the window is
-    full: one compiled kernel per model, where shorter lengths would compile one each),
-    without K_future_bias and with a head size that is a power of 2 >= 16 (what its Triton
-    kernels handle); and the blocked 'fast' version everywhere else.
+    full), without K_future_bias and with a head size that is a power of 2 >= 16 (what its
+    Triton kernels handle); the blocked 'fast' version elsewhere at T = C; and the readable
+    one at shorter lengths, which only generation runs: both faster versions are planned for
+    one T, so under torch.compile(dynamic=True) they would compile once per length, while the
+    readable one compiles once for all of them (at batch 1 its T x (T+F) buffer is small).
     """
     if dropout_p > 0.0:
         raise ValueError(f"impl={impl!r} has no attention dropout; use impl='readable' or 'auto'")
@@ -38,8 +40,9 @@ def choose(impl, q, K_future, K_future_bias, dropout_p):
     if impl != "auto":
         return impl
     T, hs = q.size(2), q.size(-1)
-    full_context = T == K_future.size(-1) + 1
-    flex_ok = q.is_cuda and full_context and K_future_bias is None and hs >= 16 and (hs & (hs - 1)) == 0
+    if T != K_future.size(-1) + 1:  # T < C: generation before the window is full
+        return "readable"
+    flex_ok = q.is_cuda and K_future_bias is None and hs >= 16 and (hs & (hs - 1)) == 0
     return "flex" if flex_ok else "fast"
 
 
@@ -123,25 +126,44 @@ def future_attention_fast(q, k, v, K_future, V_future, K_future_bias=None, V_fut
 
 
 # --------------------------------------------------------------------------------------
-# FlexAttention: fused kernels over the keys [k ; K_future] under the joint mask
+# FlexAttention: fused kernels, one call per mask, merged by their log-sum-exps
 
 
 _flex_attention_compiled = None  # torch.compile(flex_attention), made on first use on a GPU
+_flex_masks = {}  # (mask, T, n_keys, future_dim, device) -> its BlockMask
+
+
+def flex_mask(mask, T, n_keys, future_dim, device):
+    """A block mask of future_attention_flex, built once per shape and shared by every layer
+    (it depends on T and future_dim only): 'causal' j <= i over the keys k, 'future'
+    i < m+1 <= i+future_dim over the future columns m, 'band' i < j <= i+future_dim over the
+    keys k, the real future keys the target reads."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    key = (mask, T, n_keys, future_dim, device)
+    if key not in _flex_masks:
+        allowed = {"causal": lambda b, h, i, j: j <= i,
+                   "future": lambda b, h, i, m: (m + 1 > i) & (m + 1 <= i + future_dim),
+                   "band": lambda b, h, i, j: (j > i) & (j <= i + future_dim)}[mask]
+        _flex_masks[key] = create_block_mask(allowed, None, None, T, n_keys, device=device)
+    return _flex_masks[key]
 
 
 def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, future_dim,
                           with_target=False, detach_target=True):
     """future_attention through FlexAttention: fused kernels, O(T) memory (no T x T buffer).
 
-    One call over the keys [k ; K_future] with the joint mask, reading the values
-    [v, 0 ; V_future, V_future] of width 2hs, returns out and out_future side by side.
-    out*_future comes from one call over the keys [k ; k]: the first copy (values v) is
-    open on the band i < j <= i+future_dim, the second (values 0) on j <= i, so the
-    softmax spans j <= i+future_dim and only the band adds to the output. Masks only,
-    no score_mod: with both, gradients can be NaN at lengths that are not multiples of
-    128 (pytorch/pytorch#153799), which is why K_future_bias is left to the fast path.
+    P_omni is one softmax over two sets of keys, so it is computed as two calls, each
+    normalized over its own set and returning its log-sum-exp: the causal keys k (lse_A) and
+    the future keys K_future (lse_future). Their joint log-normalizer is lse = logaddexp(lse_A,
+    lse_future), and each call's output, rescaled by exp(its lse - lse), is its part of P_omni
+    times its values: out_unmasked and out_future. The target's softmax A* spans the same
+    causal keys plus the band i < j <= i+future_dim, so one more call over the band, merged
+    with lse_A the same way, gives out*_future. Each score is computed once, at the head width
+    (a query with no future column, i = C-1, gets lse -inf there and weight 0). Masks only, no
+    score_mod: with both, gradients can be NaN at lengths that are not multiples of 128
+    (pytorch/pytorch#153799), which is why K_future_bias is left to the fast path.
     """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
     global _flex_attention_compiled
     if torch.compiler.is_compiling() or not q.is_cuda:
         flex = flex_attention  # inside a compiled model, or the CPU reference (tests)
@@ -149,32 +171,35 @@ def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, fu
         if _flex_attention_compiled is None:
             _flex_attention_compiled = torch.compile(flex_attention)
         flex = _flex_attention_compiled
+    # inductor's CPU flex template wants 4-d buffers, not views of c_attn's output
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+
+    def attend(keys, values, block_mask):  # (B, H, T, hs) and its (B, H, T) log-sum-exp, float32
+        out, aux = flex(q, keys, values, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
     B, H, T, hs = q.shape
     C = K_future.size(-1) + 1
     n_future = min(T - 1 + future_dim, C - 1)  # future columns any query reaches
-    K_fut = K_future[:, :, :n_future].transpose(-2, -1).to(q.dtype).expand(B, H, n_future, hs)  # (B, H, F, hs)
-    V_fut = V_future[:, :n_future].to(q.dtype).expand(B, H, n_future, hs)  # (B, H, F, hs)
+    # dense per-batch copies, laid out as k and v are: (B, H, F, hs)
+    K_fut = K_future[:, :, :n_future].transpose(-2, -1).to(q.dtype).expand(B, H, n_future, hs).contiguous()
+    V_fut = V_future[:, :n_future].to(q.dtype).expand(B, H, n_future, hs).contiguous()
+    if not torch.is_grad_enabled():  # a view of a parameter still requires grad, which flex on a CPU refuses
+        K_fut, V_fut = K_fut.detach(), V_fut.detach()
 
-    def joint(b, h, i, j):  # key j < T is token j, key j >= T is future column j - T
-        m1 = j - T + 1
-        return ((j < T) & (j <= i)) | ((j >= T) & (m1 > i) & (m1 <= i + future_dim))
-
-    q = q.contiguous()  # inductor's CPU flex template wants a 4-d buffer, not a view of c_attn's output
-    keys = torch.cat([k, K_fut], dim=2)  # (B, H, T+F, hs)
-    values = torch.cat([torch.cat([v, torch.zeros_like(v)], dim=-1),
-                        torch.cat([V_fut, V_fut], dim=-1)], dim=2)  # (B, H, T+F, 2hs)
-    block_mask = create_block_mask(joint, None, None, T, T + n_future, device=q.device)
-    out, out_future = flex(q, keys, values, block_mask=block_mask).split(hs, dim=-1)  # (B, H, T, hs) x2
+    out_A, lse_A = attend(k, v, flex_mask("causal", T, T, future_dim, q.device))  # softmax(A) v over j <= i
+    out_F, lse_future = attend(K_fut, V_fut, flex_mask("future", T, n_future, future_dim, q.device))
+    lse = torch.logaddexp(lse_A, lse_future)  # (B, H, T): log of P_omni's normalizer
+    out_unmasked = out_A * torch.exp(lse_A - lse).unsqueeze(-1)  # (B, H, T, hs)
+    out_future = (out_F * torch.exp(lse_future - lse).unsqueeze(-1)).to(q.dtype)  # (B, H, T, hs)
     if V_future_bias is not None:
-        out, out_future = out + V_future_bias, out_future + V_future_bias
+        out_future = out_future + V_future_bias
+    out = (out_unmasked + out_future).to(q.dtype)
 
     out_future_star = None
     if with_target:
-        def band_then_causal(b, h, i, j):  # keys [k ; k]
-            return ((j < T) & (j > i) & (j <= i + future_dim)) | ((j >= T) & (j - T <= i))
-
         with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_target):
-            block_mask = create_block_mask(band_then_causal, None, None, T, 2 * T, device=q.device)
-            out_future_star = flex(q, torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2),
-                                   block_mask=block_mask)  # (B, H, T, hs)
+            out_band, lse_band = attend(k, v, flex_mask("band", T, T, future_dim, q.device))
+            weight = torch.exp(lse_band - torch.logaddexp(lse_A, lse_band)).unsqueeze(-1)  # P*'s share of the band
+            out_future_star = (out_band * weight).to(q.dtype)  # (B, H, T, hs)
     return out, out_future, out_future_star

@@ -269,7 +269,7 @@ class FutureAttention(nn.Module):
 
         'auto' takes the readable one while dropout is on (the only one that drops out P_omni),
         for computed future keys (the only version of them) and without future_attn_kernels.py;
-        elsewhere kernels.choose picks the faster version that applies."""
+        elsewhere kernels.choose picks the version that applies (a faster one at T = C)."""
         impl = self.impl
         if impl not in IMPLS:
             raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")

@@ -94,6 +94,12 @@ def provenance(path, checkpoint):
     return f"sampling from {path}: {checkpoint['model_type']} at iteration {checkpoint['iter_num']:,}, {val}"
 
 
+def compiled_forward(model, backend="inductor"):
+    """model.forward compiled for generate(), which calls the model itself at every length up to
+    block_size (prompts grow, hence dynamic shapes): a few graphs for all lengths."""
+    return torch.compile(model.forward, dynamic=True, backend=backend)
+
+
 def sample(config):
     """num_samples texts, each the prompt followed by max_new_tokens sampled tokens."""
     prompt = read_prompt(config["start"])
@@ -108,8 +114,7 @@ def sample(config):
     model.eval()
     model.to(device)
     if config["compile"]:
-        # generate() calls the model itself, so compile its forward; prompts grow, hence dynamic
-        model.forward = torch.compile(model.forward, dynamic=True)
+        model.forward = compiled_forward(model)
 
     enc = gpt2_tokenizer()
     ids = enc.encode(prompt, allowed_special={"<|endoftext|>"})

@@ -1,6 +1,7 @@
 """
 Tests of bench.py's tools that need no GPU: the kernel kinds of --profile, a CPU profile and
-a CPU --splits run of a small model end to end, and the MFU it reports. (The GPU peaks it
+a CPU --splits run of a small model end to end, the MFU it reports, a step that is train.py's
+optimizer step, and --memory. (The GPU peaks it
 measures against are settings.py's, tested in test_settings.py.)
 
     python -m pytest -q test_bench.py
@@ -146,6 +147,26 @@ def test_a_step_runs_every_micro_step_on_the_mean_loss():
     beta1 = run["config"]["beta1"]
     for p, q in zip(run["model"].parameters(), reference["model"].parameters()):
         torch.testing.assert_close(run["optimizer"].state[p]["exp_avg"], (1 - beta1) * q.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_a_step_is_train_pys_optimizer_step(monkeypatch):
+    # by default gradient_accumulation_steps passes, then one AdamW step, as train.py runs an iteration
+    _, runs = bench.parse_args([*SMALL, "--batch_size=2", "--gradient_accumulation_steps=3"])
+    run = bench.build(*runs[0])
+    passes, model = [], run["step_model"]
+    run["step_model"] = lambda x, y: passes.append(x) or model(x, y)
+    adamw_steps = []
+    monkeypatch.setattr(run["optimizer"], "step", lambda *a: adamw_steps.append(1))
+    bench.step(run)
+    assert (len(passes), len(adamw_steps)) == (3, 1)
+
+
+def test_memory_reports_the_peak_of_one_step(capsys):
+    assert bench.main([*SMALL, "--batch_size=4", "--gradient_accumulation_steps=2", "--memory", "--warmup=1"]) == 0
+    found = re.search(r"peak tensor memory of one step \(2 x \(forward, backward\) of batch 4 x 16, then AdamW\): "
+                      r"([\d,.]+) MiB above its start", capsys.readouterr().out)
+    logits = 4 * 16 * 256 * 4 / 2**20  # the (B, T, vocab) float32 logits, alive at the peak
+    assert found and float(found.group(1).replace(",", "")) > 3 * logits
 
 
 @pytest.mark.parametrize("splits, message", [

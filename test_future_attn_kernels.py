@@ -123,6 +123,23 @@ def test_flex_forward_matches_readable(T, C, future_dim, hs, with_v_bias):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("training", [False, True])
+def test_flex_builds_each_block_mask_once_for_all_layers(training, monkeypatch):
+    # the masks depend on T and future_dim only: built once (causal, future; in training the
+    # target's band too), then shared by every layer and every later forward
+    from torch.nn.attention import flex_attention as flex_module
+    monkeypatch.setattr(kernels, "_flex_masks", {})
+    built = spy(monkeypatch, flex_module, "create_block_mask")
+    model = tiny_gpt(n_layer=4, n_head=2, n_embd=32).set_impl("flex").train(training)
+    idx = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(idx, idx)
+        assert len(built) == (3 if training else 2)
+        model(idx, idx)
+    assert len(built) == (3 if training else 2)
+
+
 def test_fast_is_causal():
     # out and out_future at positions <= i must not change when q, k, v after i do
     q, k, v, K_future, V_future, K_future_bias, V_future_bias = make_inputs(40, 40, 4, bias=True, seed=3)
@@ -174,6 +191,16 @@ def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
     layer.impl = "readable"
     layer.eval()(x)
     assert (len(fast), len(readable)) == (1, 2)
+
+
+def test_auto_picks_readable_before_the_window_is_full(monkeypatch):
+    # generation's lengths T < C: the faster versions plan for one T and would compile once per length
+    fast, readable = spy(monkeypatch, kernels, "future_attention_fast"), spy(monkeypatch, mf, "future_attention")
+    layer, x = first_layer()
+    layer.eval()(x[:, :7])
+    assert (len(fast), len(readable)) == (0, 1)
+    layer(x)  # T = C
+    assert (len(fast), len(readable)) == (1, 1)
 
 
 def test_dispatch_errors():
@@ -388,8 +415,8 @@ def test_auto_picks_flex_on_cuda(monkeypatch):
     assert (len(flex), len(fast)) == (1, 0)
     tiny_gpt(bias=True, **sizes).transformer.h[0].attn.cuda()(x)  # K_future_bias: fast
     assert (len(flex), len(fast)) == (1, 1)
-    layer(x[:, :6])  # T < C: fast
-    assert (len(flex), len(fast)) == (1, 2)
+    layer(x[:, :6])  # T < C: readable
+    assert (len(flex), len(fast)) == (1, 1)
 
 
 def compiled_step(model, idx, targets):

@@ -12,6 +12,9 @@ import pytest
 import torch
 
 import configurator
+import model_baseline
+import model_encdec
+import model_future_attn
 import sample
 import train
 from checkpoint import load_checkpoint
@@ -70,6 +73,27 @@ def test_sample_says_once_that_it_crops_a_long_prompt(data_dir, tmp_path, capsys
     assert out.count("note: the prompt has 40 tokens; the model sees only the last 16") == 1
     assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=3", "--start=word"]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, options", [(model_baseline, {}), (model_future_attn, dict(future_dim=3)),
+                                             (model_encdec, {})], ids=["baseline", "future_attn", "encdec"])
+def test_compiled_sampling_compiles_a_few_graphs_for_all_lengths(module, options):
+    # --compile=True: generate() runs the model at T = 1, 2, ..., block_size, then at block_size
+    # on a sliding window; recompiling at every length would hit dynamo's recompile limit and
+    # run eagerly from there on (fail_on_recompile_limit_hit makes that an error here)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = module.GPT(module.GPTConfig(vocab_size=61, block_size=12, n_layer=2, n_head=4, n_embd=32, **options))
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    model.eval().forward = sample.compiled_forward(model, backend=counting_backend)
+    with torch.no_grad(), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=12 + 3)
+    assert 1 <= len(graphs) <= 5
 
 
 # --------------------------------------------------------------------------------------

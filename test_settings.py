@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 
+import check_causal
 import report
 import settings
 import train
@@ -92,6 +93,38 @@ def config_and_model(name):
     module = settings.MODELS[config["model_type"]]
     with torch.device("meta"):  # shapes only, no memory or init time
         return config, module.GPT(module.GPTConfig(**settings.model_args_of(config)))
+
+
+def shrunk_configs():
+    """(config names, model_type, model args) of every config, shrunk as check_causal.py shrinks
+    them (a few layers, block_size 16, a small vocabulary), configs of equal shrunk models once."""
+    models = {}
+    for path in sorted(glob.glob(os.path.join(REPO, "config", "*.py"))):
+        config = settings.get_config([path])
+        sizes = check_causal.shrunk_sizes(config, config, set(), block_size=16, vocab_size=64)
+        model_args = check_causal.model_args_for(config, sizes)
+        key = (config["model_type"], tuple(sorted(model_args.items())))
+        models.setdefault(key, []).append(os.path.basename(path)[:-3])
+    return [("+".join(names), model_type, dict(args)) for (model_type, args), names in models.items()]
+
+
+SHRUNK_CONFIGS = shrunk_configs()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("model_type, model_args", [c[1:] for c in SHRUNK_CONFIGS], ids=[c[0] for c in SHRUNK_CONFIGS])
+def test_every_config_compiles_to_one_graph(model_type, model_args):
+    # what train.py compiles on a GPU, traced on a CPU: fullgraph=True fails at any graph break,
+    # in training (forward with the auxiliary losses, backward) and in evaluation
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = settings.build_model(model_type, model_args)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    idx = torch.randint(model_args["vocab_size"], (2, model_args["block_size"]))
+    compiled(idx, idx)[1].backward()
+    model.eval()
+    with torch.no_grad():
+        compiled(idx, idx)
 
 
 @pytest.mark.parametrize("name", NEXT_STEPS)

@@ -2,7 +2,8 @@
 Tests of train.py, on a CPU with tiny models on random tokens (conftest.py): a run trains, logs
 and saves; resume reproduces an unbroken run; signals stop after the step with the state saved;
 the out_dir guard and lock; --eval_only; non-finite losses and diverging runs; damaged
-checkpoints; the identity and lock of the data; gradient accumulation and DDP. A test of what
+checkpoints; the identity and lock of the data; what a GPU would wait on (host reads of device
+values) and logits kept across micro-steps; gradient accumulation and DDP. A test of what
 train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
 Run: python -m pytest -q test_train.py
 """
@@ -21,13 +22,16 @@ import subprocess
 import sys
 import termios
 import time
+import weakref
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import checkpoint
 import cli
+import data
 import report
 import settings
 import train
@@ -871,6 +875,125 @@ def test_a_two_process_run_stopped_by_a_signal_resumes(signum, sent_to, data_dir
     records, _ = report.read_log(str(out_dir))
     trains = [r["iter"] for r in records if r["type"] == "train"]
     assert trains == list(range(1, stopped_at + 6))  # every step once, none lost, none twice
+
+
+# --------------------------------------------------------------------------------------
+# what a GPU would wait on: host reads of device values, and memory kept across micro-steps
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the reads of device values by the host, the syncs a GPU would make, on a CPU.
+
+    On a CPU no tensor is on a device, so this marks the ones that would be: the model's
+    parameters, the batches (data.get_batch's outputs) and everything computed from them
+    (any op with such an input). A read is an op that hands a device value to Python
+    (item, bool(), float(), int() all end in aten._local_scalar_dense; equal and nonzero
+    too), or tolist/numpy/cpu of a marked tensor; .cpu() gives an unmarked copy, so reading
+    it afterwards is free, as it would be on a GPU. Host tensors (the batch sampler's
+    indices, AdamW's step counts) stay unmarked and their reads are not counted.
+    """
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default,
+             torch.ops.aten.nonzero.default, torch.ops.aten.is_nonzero.default}
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.on_device, self.reads = torch.utils.weak.WeakTensorKeyDictionary(), 0
+        get_batch = data.get_batch
+        monkeypatch.setattr(data, "get_batch", lambda *a, **kw: self.mark(get_batch(*a, **kw)))
+        for name in ("tolist", "numpy"):
+            monkeypatch.setattr(torch.Tensor, name, self.counted(getattr(torch.Tensor, name)))
+        cpu = torch.Tensor.cpu  # a copy on a GPU, the same tensor on a CPU: copy it, unmarked
+        monkeypatch.setattr(torch.Tensor, "cpu", self.counted(lambda t, *a, **kw: cpu(t, *a, **kw).clone()))
+
+    def mark(self, tensors):
+        for t in tensors:
+            self.on_device[t] = True
+        return tensors
+
+    def marked(self, t):
+        return isinstance(t, torch.nn.Parameter) or t in self.on_device
+
+    def counted(self, method):
+        def read(t, *args, **kwargs):
+            self.reads += self.marked(t)
+            with torch._C._DisableTorchDispatch():  # the copy .cpu() makes is a host tensor
+                return method(t, *args, **kwargs)
+        return read
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_device = any(self.marked(t) for t in inputs)
+        self.reads += from_device and func in self.READS
+        out = func(*args, **(kwargs or {}))
+        if from_device:
+            self.mark(t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("model_type", ["baseline", "future_attn", "encdec"])
+def test_host_reads_one_per_step_and_a_constant_per_evaluation(model_type, data_dir, tmp_path, monkeypatch):
+    # what a GPU waits on: one read per optimizer step (forward_backward's), and per evaluation
+    # (its loss estimate, the finiteness check of the state, the saves of best.pt and ckpt.pt) a
+    # number that does not grow with eval_iters
+    steps = 3
+    per_evaluation = {}
+    for eval_iters in (1, 3):
+        config = config_for(data_dir, tmp_path / str(eval_iters), model_type=model_type, max_iters=steps,
+                            eval_interval=100, eval_iters=eval_iters, grad_clip=1.0)
+        with monkeypatch.context() as patch, DeviceReads(patch) as counter:
+            evaluations, step_reads, opened = [], [], []
+
+            def counted_estimate(*args, estimate_loss=train.estimate_loss):
+                opened.append(counter.reads)  # an evaluation starts with its estimate ...
+                return estimate_loss(*args)
+
+            def counted_save(path, state, save_checkpoint=checkpoint.save_checkpoint):
+                save_checkpoint(path, state)
+                if os.path.basename(path) == "ckpt.pt" and opened:  # ... and ends with the save of ckpt.pt
+                    evaluations.append(counter.reads - opened.pop())
+
+            def counted_step(*args, forward_backward=train.forward_backward):
+                before = counter.reads
+                result = forward_backward(*args)
+                step_reads.append(counter.reads - before)
+                return result
+
+            patch.setattr(train, "estimate_loss", counted_estimate)
+            patch.setattr(checkpoint, "save_checkpoint", counted_save)
+            patch.setattr(train, "forward_backward", counted_step)
+            train.train(config)
+        assert len(evaluations) == 2 and step_reads == [1] * steps  # evaluations at iterations 0 and max_iters
+        assert counter.reads == sum(evaluations) + sum(step_reads)  # no read elsewhere in the run
+        assert evaluations[0] == evaluations[1] <= 4, f"eval_iters={eval_iters}: {evaluations} reads per evaluation"
+        per_evaluation[eval_iters] = evaluations[0]
+    assert per_evaluation[1] == per_evaluation[3]
+
+
+@pytest.mark.parametrize("model_type", ["baseline", "future_attn", "encdec"])
+def test_no_micro_steps_logits_live_through_the_next_forward(model_type, data_dir, tmp_path, monkeypatch):
+    # the logits, (B, T, vocab), are a step's largest tensor: kept, they add their size to the next forward's peak
+    alive, last_logits = [], [None]
+
+    def check_previous(module, inputs):  # before each forward
+        alive.append(last_logits[0] is not None and last_logits[0]() is not None)
+
+    def keep_weakref(module, inputs, output):
+        last_logits[0] = weakref.ref(output[0])
+
+    build_model = settings.build_model
+
+    def hooked(*args, **kwargs):
+        model = build_model(*args, **kwargs)
+        model.register_forward_pre_hook(check_previous)
+        model.register_forward_hook(keep_weakref)
+        return model
+
+    monkeypatch.setattr(settings, "build_model", hooked)
+    train.train(config_for(data_dir, tmp_path, model_type=model_type, max_iters=2, gradient_accumulation_steps=3,
+                           eval_interval=2, eval_iters=2))
+    assert len(alive) == 2 * 3 + 2 * 2 * 2  # the micro-steps, and two evaluations of both splits
+    assert not any(alive), f"logits alive at forwards {[i for i, a in enumerate(alive) if a]}"
 
 
 # --------------------------------------------------------------------------------------

@@ -72,17 +72,18 @@ def estimate_loss(model, batch, eval_iters, autocast, seed):
     # estimates differ by the model only, and evaluating never moves the training batches
     generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
     model.eval()
-    out = {}
+    means = []
     for split in ("train", "val"):
-        losses = torch.zeros(eval_iters)
-        for k in range(eval_iters):
+        total = 0  # the sum of the split's losses, on the device: no sync per batch
+        for _ in range(eval_iters):
             X, Y = batch(split, generator)
             with autocast:
-                _, loss, _ = model(X, Y)
-            losses[k] = loss.item()
-        out[split] = losses.mean().item()
+                loss = model(X, Y)[1]  # the logits go at once, not kept through the next forward
+            total = total + loss.float()
+        means.append(total / eval_iters)
     model.train()
-    return out
+    train_loss, val_loss = torch.stack(means).tolist()  # one read from the device per estimate
+    return {"train": train_loss, "val": val_loss}
 
 
 # --------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp, optimizer
         # DDP averages the gradients across processes in the last micro-step's backward only
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast:
-                _, loss, aux = model(X, Y)
+                loss, aux = model(X, Y)[1:]  # the logits go now: kept, they would live through the next forward
             if not last:
                 X, Y = batch("train")  # fetch while the GPU computes
             # dividing by accum_steps makes the summed gradients those of the mean loss
@@ -111,10 +112,11 @@ def forward_backward(model, batch, accum_steps, autocast, scaler, ddp, optimizer
         totals = totals + torch.cat([v.detach().float().view(-1) for v in values])
     # the gradients' norm stays on the device, to be read with the losses in the one sync below
     scaler.unscale_(optimizer)  # the true gradients, not the fp16-scaled ones (a no-op without fp16)
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # what AdamW steps
     if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     means = torch.cat([totals / accum_steps, grad_norm.detach().float().view(1)])
     if ddp:  # the mean over all processes; every rank then sees the same numbers
         dist.all_reduce(means)
