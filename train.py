@@ -154,6 +154,34 @@ def diverged(what, last_good, config, world_size):
     return UserError(f"{what}: stopped, nothing non-finite was saved; {where}{command}")
 
 
+def nonfinite_evaluation(iter_num, losses, model, optimizer):
+    """What is not finite at an evaluation, its losses or the state about to be saved, said in a
+    sentence, or None."""
+    if not all(math.isfinite(loss) for loss in losses.values()):
+        return (f"non-finite losses at the evaluation of iteration {iter_num} (train {losses['train']}, "
+                f"val {losses['val']})")
+    bad = checkpoint.nonfinite_tensors(dict(model=model.state_dict(), optimizer=optimizer.state_dict()))
+    return f"iteration {iter_num}: non-finite values in {bad[0]}" if bad else None
+
+
+def warn_if_diverging(iter_num, val_loss, first_val_loss):
+    """A finite divergence: a val loss above the run's first evaluation's (the untrained model's)
+    gets a warning. Returns the run's first val loss (this one, at the first evaluation)."""
+    if first_val_loss is None:
+        return val_loss
+    if val_loss > first_val_loss:
+        print(f"warning: val loss {val_loss:.4f} at iteration {iter_num} is above the run's first evaluation's, "
+              f"{first_val_loss:.4f}: the run is diverging — try a lower --learning_rate", file=sys.stderr)
+    return first_val_loss
+
+
+def data_changed(data_dir, ckpt_path):
+    """The UserError of a run whose data files were rewritten while it trained."""
+    return UserError(f"the data in {data_dir} changed during the run (train.bin, val.bin or meta.json were "
+                     f"rewritten): stopped without saving; {ckpt_path} keeps the state trained on the data this "
+                     f"run started with — resume it on that data, or with --new_data=True")
+
+
 # --------------------------------------------------------------------------------------
 # the run
 
@@ -206,9 +234,7 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
     def evaluate(rng):  # estimate the losses, log them, save what is finite; the problem that stops the run, or None
         nonlocal best_val_loss, first_val_loss
         if data_stamps is not None and data.stamps(config["data_dir"]) != data_stamps:
-            return UserError(f"the data in {config['data_dir']} changed during the run (train.bin, val.bin or "
-                             f"meta.json were rewritten): stopped without saving; {ckpt_path} keeps the state trained "
-                             f"on the data this run started with — resume it on that data, or with --new_data=True")
+            return data_changed(config["data_dir"], ckpt_path)
         losses = estimate_loss(eval_model, batch, config["eval_iters"], autocast, config["seed"])
         finite = all(math.isfinite(loss) for loss in losses.values())
         improved = finite and losses["val"] < best_val_loss
@@ -217,16 +243,10 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
         # checkpoint, and the resumed launch's records replace this one (report.read_log)
         logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
                         best_val_loss=best_val_loss, best=improved))
-        bad = checkpoint.nonfinite_tensors(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict()))
-        if not finite or bad:
-            what = (f"non-finite losses at the evaluation of iteration {iter_num} (train {losses['train']}, "
-                    f"val {losses['val']})" if not finite else f"iteration {iter_num}: non-finite values in {bad[0]}")
-            return diverged(what, last_good, config, world_size)
-        if first_val_loss is None:
-            first_val_loss = losses["val"]
-        elif losses["val"] > first_val_loss:  # worse than the untrained model: diverging, though finite
-            print(f"warning: val loss {losses['val']:.4f} at iteration {iter_num} is above the run's first evaluation's, "
-                  f"{first_val_loss:.4f}: the run is diverging — try a lower --learning_rate", file=sys.stderr)
+        problem = nonfinite_evaluation(iter_num, losses, raw_model, optimizer)
+        if problem:
+            return diverged(problem, last_good, config, world_size)
+        first_val_loss = warn_if_diverging(iter_num, losses["val"], first_val_loss)
         if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
             checkpoint.save_checkpoint(os.path.join(config["out_dir"], "best.pt"), checkpoint.model_state(
                 config, model_args, raw_model, iter_num, best_val_loss, data_identity))
