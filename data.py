@@ -16,6 +16,9 @@ import torch
 from cli import UserError
 
 DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
+# the commands that make prepare_wikipedia.py's default folders (any other: --out_dir)
+PREPARE_COMMANDS = {"data/wikipedia": "python prepare_wikipedia.py",
+                    "data/wikitext2": "python prepare_wikipedia.py --dataset wikitext2"}
 SNIFF_BYTES = 1 << 20  # how much of a .bin without meta.json is read to tell its format
 DATA_LOCK = "data.lock"  # in a data folder: the lock prepare_wikipedia.lock_data_dir() describes
 SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so first
@@ -37,8 +40,8 @@ def check_data(data_dir, block_size, vocab_size):
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
-            flag = "" if data_dir == DEFAULT_DATA_DIR else f" --out_dir {data_dir}"
-            raise UserError(f"no data at {path} — run `python prepare_wikipedia.py{flag}` first")
+            command = PREPARE_COMMANDS.get(os.path.normpath(data_dir), f"python prepare_wikipedia.py --out_dir {data_dir}")
+            raise UserError(f"no data at {path} — run `{command}` first")
         if not meta:  # nothing says how the file was made: make sure it is not something else
             check_format(path)
         n_bytes = os.path.getsize(path)

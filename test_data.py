@@ -14,6 +14,7 @@ import torch
 
 import data
 import train
+from cli import UserError
 from conftest import DATA_VOCAB, TINY, argv_for, flags, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -38,12 +39,18 @@ def test_batches_are_shifted_windows(data_dir):
 # the checks before training
 
 
-def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys):
+def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys, monkeypatch):
     argv = flags(**{**TINY, "data_dir": str(tmp_path), "out_dir": str(tmp_path / "out")})
     assert train.main(argv) == 1
     err = capsys.readouterr().err
     assert f"no data at {tmp_path}/train.bin — run `python prepare_wikipedia.py --out_dir {tmp_path}` first" in err
     assert "Traceback" not in err
+    with monkeypatch.context() as patch:  # prepare_wikipedia.py's own folders get the command that makes them
+        patch.chdir(tmp_path)
+        for folder, command in (("data/wikitext2", "python prepare_wikipedia.py --dataset wikitext2"),  # tiny_cpu's
+                                ("data/wikipedia", "python prepare_wikipedia.py")):
+            with pytest.raises(UserError, match=f"no data at {folder}/train.bin — run `{command}` first"):
+                data.check_data(folder, block_size=16, vocab_size=256)
     for split in ("train", "val"):
         np.arange(10, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
     assert train.main(argv) == 1
