@@ -62,12 +62,16 @@ class StopRequests:
     that the user knows it was heard long before the script can stop (a step may take minutes).
     passed_on=True is for a process under torchrun: torchrun passes a signal on to its processes,
     which may have got it themselves (SLURM signals every process of a job), so the same signal
-    again within REPEAT_S seconds is that copy, not a second request."""
+    again within REPEAT_S seconds is that copy, not a second request.
+    exit_within_s, for a script's own process: after a second signal, the process ends that many
+    seconds later even if what it unwinds or tears down hangs (torch.compile's worker processes,
+    gloo's threads); None for a process that goes on, as a test does."""
 
     REPEAT_S = 5.0
 
-    def __init__(self, acknowledge=None, passed_on=False):
+    def __init__(self, acknowledge=None, passed_on=False, exit_within_s=None):
         self.signum, self.acknowledge, self.passed_on = None, acknowledge, passed_on
+        self.exit_within_s = exit_within_s
 
     def __enter__(self):
         self.previous = {}
@@ -79,6 +83,10 @@ class StopRequests:
         if self.signum is not None:
             if self.passed_on and signum == self.signum and time.monotonic() - self.requested_at < self.REPEAT_S:
                 return
+            if self.exit_within_s is not None:
+                watchdog = threading.Timer(self.exit_within_s, exit_now, args=(128 + signum,))
+                watchdog.daemon = True
+                watchdog.start()
             raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
         self.signum, self.requested_at = signum, time.monotonic()
         if signum == signal.SIGHUP:
@@ -90,6 +98,14 @@ class StopRequests:
     def __exit__(self, *exc_info):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def exit_now(status):
+    """Ends the process with status at once, with what it printed flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def again(signum):

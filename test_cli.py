@@ -52,6 +52,29 @@ def test_a_signal_outside_training_is_one_line(signum):
     assert done.stderr == f"stopped by {signal.Signals(signum).name}\n"
 
 
+HANGS_IN_TEARDOWN = """
+import os, signal, sys, threading, time
+import cli
+def entry(argv):
+    # a thread the interpreter waits for at exit, as a library's worker pool can be
+    threading.Thread(target=time.sleep, args=(60,)).start()
+    with cli.StopRequests(exit_within_s=float(argv[0]) if argv else None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # the second: stop at once
+        time.sleep(60)
+sys.exit(cli.main(entry)(sys.argv[1:]))
+"""
+
+
+def test_a_second_signal_ends_the_process_even_when_its_teardown_hangs():
+    done = subprocess.run([sys.executable, "-c", HANGS_IN_TEARDOWN, "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 128 + signal.SIGINT and done.stderr.endswith("stopped at once by a second SIGINT\n")
+    # and without the deadline the same process waits for its thread: the watchdog is what ended it
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", HANGS_IN_TEARDOWN], cwd=REPO, capture_output=True, timeout=3)
+
+
 def test_a_read_only_folder_is_one_line(tmp_path):
     def refuse(f):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))

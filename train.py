@@ -500,7 +500,9 @@ def train(config):
                 problem = e
         agree(problem, ddp=world_size > 1)
         acknowledge = (lambda signum: stopping_note(signum, "the first step")) if rank == 0 else None
-        with cli.StopRequests(acknowledge, passed_on=world_size > 1) as stop:
+        # run as a script, a second signal ends the process within seconds, whatever hangs in its teardown
+        exit_within_s = 10.0 if __name__ == "__main__" else None
+        with cli.StopRequests(acknowledge, passed_on=world_size > 1, exit_within_s=exit_within_s) as stop:
             config, autocast = with_precision(config, device)
             saved = None
             if config["init_from"] == "resume":  # every rank reads the checkpoint it continues from
