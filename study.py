@@ -559,7 +559,7 @@ def main(argv):
         if lock:
             lock.close()
     if failed:
-        raise UserError(f"{len(failed)} runs failed: {', '.join(run.name for run in failed)}")
+        raise UserError(f"{len(failed)} run{'s' if len(failed) > 1 else ''} failed: {', '.join(run.name for run in failed)}")
     return 0
 
 
