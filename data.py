@@ -20,7 +20,7 @@ DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by defa
 PREPARE_COMMANDS = {"data/wikipedia": "python prepare_wikipedia.py",
                     "data/wikitext2": "python prepare_wikipedia.py --dataset wikitext2"}
 SNIFF_BYTES = 1 << 20  # how much of a .bin without meta.json is read to tell its format
-DATA_LOCK = "data.lock"  # in a data folder: the lock prepare_wikipedia.lock_data_dir() describes
+DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
 SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so first
 
 
@@ -96,27 +96,43 @@ def stamps(data_dir):
     return found
 
 
-def hold_for_reading(data_dir):
-    """A shared lock on data_dir/data.lock, held until the returned file is closed (or the process
-    ends): any number of runs hold it together, and prepare_wikipedia.py, which needs it exclusively
-    to write, refuses the folder meanwhile. A folder being prepared now is refused. None where no
-    lock file can be opened (a read-only folder, say): the run then relies on stamps() alone."""
+def lock_data_dir(data_dir, shared):
+    """The lock between the runs that read a data folder and prepare_wikipedia.py, which writes it.
+
+    A run holds a shared lock (fcntl.LOCK_SH) on data_dir/data.lock for as long as it trains; any
+    number of runs can hold it together. prepare_wikipedia.py takes the same lock exclusively
+    (LOCK_EX) while it writes: it cannot while a run reads the folder, a run cannot start while it
+    writes, and two preparations exclude each other. Neither side waits (LOCK_NB).
+
+    Returns the open lock file, which holds the lock until it is closed (or its process ends, however
+    it ends), or None when the lock is held the other way. A reader opens an existing lock file
+    read-only where it cannot write the folder; OSError where no lock file can be opened."""
     path = os.path.join(data_dir, DATA_LOCK)
-    lock = None
-    for mode in ("a+", "r"):  # "r" for a lock file that exists in a folder we cannot write
-        try:
-            lock = open(path, mode)
-            break
-        except OSError:
-            continue
-    if lock is None:
-        return None
     try:
-        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        lock = open(path, "a+")
+    except OSError:
+        if not shared:
+            raise
+        lock = open(path, "r")
+    try:
+        fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise UserError(f"{data_dir} is being written by prepare_wikipedia.py (it holds {path}): wait for it "
-                        f"to end, or train from another --data_dir") from None
+        return None
+    return lock
+
+
+def hold_for_reading(data_dir):
+    """A run's shared lock on its data folder (lock_data_dir), held until the returned file is
+    closed. A folder being prepared now is refused. None where no lock file can be opened (a
+    read-only folder, say): the run then relies on stamps() alone."""
+    try:
+        lock = lock_data_dir(data_dir, shared=True)
+    except OSError:
+        return None
+    if lock is None:
+        raise UserError(f"{data_dir} is being written by prepare_wikipedia.py (it holds "
+                        f"{os.path.join(data_dir, DATA_LOCK)}): wait for it to end, or train from another --data_dir")
     return lock
 
 
@@ -150,6 +166,7 @@ def is_utf8(head):
 
 
 def sha256_of(path):
+    """The SHA-256 of the file at path, as 64 hex digits, read a MiB at a time."""
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -62,7 +62,7 @@ removed by the next run. A failed write (a full disk, a read-only folder) ends t
 naming the file, the cause and what to do; Ctrl-C (exit status 130) and SIGTERM (143) stop it the
 same way.
 
-The data folder is locked while this script writes it (see lock_data_dir()): a run that trains from
+The data folder is locked while this script writes it (see data.lock_data_dir()): a run that trains from
 it holds out_dir/data.lock shared, and this script, which takes it exclusively, refuses such a folder
 in one line, as it refuses a folder that another prepare_wikipedia.py is writing.
 
@@ -79,7 +79,6 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
 import functools
 import hashlib
 import io
@@ -101,6 +100,7 @@ import requests
 import tiktoken
 
 import cli
+import data
 
 
 
@@ -312,15 +312,6 @@ class Expected(typing.NamedTuple):
     whose: str  # where the sha256 comes from, for messages: "the published sha256 of wikitext-2-raw-v1.zip"
 
 
-def file_sha256(path):
-    """The SHA-256 of the file at path, as 64 hex digits."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
 def examine_zip(path, expected):
     """(problem, sha256) of the zip at path: what is wrong with it as a phrase (None if nothing) and its
     SHA-256 (None when its size is wrong already). Checked in order: the size, the sha256, and that it
@@ -328,7 +319,7 @@ def examine_zip(path, expected):
     size = os.path.getsize(path)
     if expected.size is not None and size != expected.size:
         return f"has {size:,} bytes, expected {expected.size:,}", None
-    digest = file_sha256(path)
+    digest = data.sha256_of(path)
     if expected.sha256 is not None and digest != expected.sha256:
         return f"has sha256 {digest}, not {expected.sha256}, {expected.whose}", digest
     try:
@@ -647,38 +638,16 @@ def write_splits(train_docs, val_docs, temps, imap, detokenize_first, train_toke
     return {"train": train, "val": val}
 
 
-DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
-
-
-def lock_data_dir(data_dir, shared):
-    """The lock between the runs that read a data folder and prepare_wikipedia.py, which writes it.
-
-    A run holds a shared lock (fcntl.LOCK_SH) on data_dir/data.lock for as long as it trains; any
-    number of runs can hold it together. prepare_wikipedia.py takes the same lock exclusively
-    (LOCK_EX) while it writes: it cannot while a run reads the folder, a run cannot start while it
-    writes, and two preparations exclude each other. Neither side waits (LOCK_NB).
-
-    Returns the open lock file, which holds the lock until it is closed (or its process ends, however
-    it ends), or None when the lock is held the other way."""
-    lock = open(os.path.join(data_dir, DATA_LOCK), "a+")
-    try:
-        fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    return lock
-
-
 def lock_out_dir(out_dir):
     """Hold out_dir's data lock exclusively while this run writes there, so that neither a run that
     trains on the folder nor a second preparation sees its files change under it."""
-    lock = lock_data_dir(out_dir, shared=False)
+    lock = data.lock_data_dir(out_dir, shared=False)
     if lock:
         return lock
-    reader = lock_data_dir(out_dir, shared=True)  # taken: shared holders are runs, an exclusive one a preparation
+    reader = data.lock_data_dir(out_dir, shared=True)  # taken: shared holders are runs, an exclusive one a preparation
     if reader:
         reader.close()
-        raise PrepareError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, DATA_LOCK)}), so its "
+        raise PrepareError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, data.DATA_LOCK)}), so its "
                            "files cannot change now; HINT: wait for the run to end, or prepare into another --out_dir")
     raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
                        "or pass another --out_dir")

@@ -39,9 +39,9 @@ import pytest
 import tiktoken
 
 import cli
+import data
 import prepare_wikipedia as pw
-
-REPO = os.path.dirname(os.path.abspath(__file__))
+from conftest import REPO
 
 try:
     ENC = tiktoken.get_encoding("gpt2")
@@ -73,7 +73,7 @@ def read_docs(path):
 
 def outputs(out_dir):
     """The files a run left in out_dir, but for the lock it holds while it runs."""
-    return sorted(name for name in os.listdir(out_dir) if name != pw.DATA_LOCK)
+    return sorted(name for name in os.listdir(out_dir) if name != data.DATA_LOCK)
 
 
 def exit_message(argv):
@@ -1097,7 +1097,7 @@ def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch
 
 
 def test_a_redirect_is_recorded(tmp_path, server, other_server, capsys):
-    other_server.files["/files/wt.zip"] = data = wikitext_zip(tmp_path)
+    other_server.files["/files/wt.zip"] = wikitext_zip(tmp_path)
     server.files["/wt.zip"] = url(other_server, "/files/wt.zip")
     out = tmp_path / "out"
     meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])
