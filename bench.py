@@ -51,11 +51,10 @@ from torch._C._profiler import _EventType
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
-import cli
 import configurator
 import model_future_attn
-import settings
 import train
+from lib import cli, machine, settings
 
 BENCH_DEFAULTS = dict(
     iters=20,  # timed steps per run
@@ -389,7 +388,7 @@ def main(argv):
     device = runs[0][1]["device"]
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    bench["peak_flops"] = settings.peak_flops(device) if cuda else None
+    bench["peak_flops"] = machine.peak_flops(device) if cuda else None
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
     print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")

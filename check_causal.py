@@ -35,10 +35,9 @@ import time
 
 import torch
 
-import cli
 import configurator
-import settings
-from cli import ConfigError, UserError
+from lib import cli, settings
+from lib.cli import ConfigError, UserError
 
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)

@@ -21,7 +21,7 @@ import ast
 import difflib
 import os
 
-from cli import ConfigError  # noqa: F401 (the scripts' error for a bad setting, also importable from here)
+from lib.cli import ConfigError  # noqa: F401 (the scripts' error for a bad setting, also importable from here)
 
 SIMPLE_TYPES = (bool, int, float, str, type(None))
 HELP_FLAGS = ("-h", "--help")

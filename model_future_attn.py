@@ -40,8 +40,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-try:  # the faster versions of future_attention, when their file is beside this one
-    import future_attn_kernels as kernels
+try:  # the faster versions of future_attention (lib/future_attn_kernels.py), when present
+    from lib import future_attn_kernels as kernels
 except ImportError:
     kernels = None
 

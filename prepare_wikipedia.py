@@ -99,8 +99,7 @@ import numpy as np
 import requests
 import tiktoken
 
-import cli
-import data
+from lib import cli, data
 
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-import cli
+from lib import cli
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -102,7 +102,7 @@ def loss_text(value):
 @functools.cache
 def writeup_configs():
     """{name: config} of config/<name>.py for every config in WRITEUP."""
-    import settings  # imports torch and the models: seconds that --help and a bad argument need not wait
+    from lib import settings  # imports torch and the models: seconds that --help and a bad argument need not wait
     return {name: settings.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
 
 
@@ -110,7 +110,7 @@ def writeup_match(start):
     """(write-up config name, {budget key: (run's value, write-up's value)} where they differ)
     for a run that trains the model of a write-up config, or None. The model decides (model_type and
     model_args of the start record); out_dir, data and seed may be anything."""
-    import settings  # as in writeup_configs
+    from lib import settings  # as in writeup_configs
     for name, config in writeup_configs().items():
         # through JSON, as the start record went, so tuples and lists compare equal
         model_args = json.loads(json.dumps(settings.model_args_of(config)))

@@ -21,11 +21,12 @@ import sys
 import tiktoken
 import torch
 
-import cli
 import configurator
-from checkpoint import load_checkpoint, model_from_checkpoint, model_path
-from cli import ConfigError, UserError
-from settings import DTYPES, autocast_for, check_device
+from lib import cli
+from lib.checkpoint import load_checkpoint, model_from_checkpoint, model_path
+from lib.cli import ConfigError, UserError
+from lib.machine import check_device
+from lib.settings import DTYPES, autocast_for
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from

@@ -29,13 +29,11 @@ import time
 
 import torch
 
-import cli
 import configurator
-import data
 import report
-import settings
-from checkpoint import FolderLock, saved_iteration
-from cli import ConfigError, UserError
+from lib import cli, data, settings
+from lib.checkpoint import FolderLock, saved_iteration
+from lib.cli import ConfigError, UserError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run

@@ -16,14 +16,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL
+from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, tiny
 
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the tiny models
-
-
-def tiny(module, **overrides):
-    torch.manual_seed(0)
-    return module.GPT(module.GPTConfig(**{**TINY_MODEL, **overrides}))
 
 
 def full_logits(model, idx):

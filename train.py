@@ -39,12 +39,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint
-import cli
 import configurator
-import data
-import settings
-from cli import ConfigError, UserError
+from lib import checkpoint, cli, data, machine, settings
+from lib.cli import ConfigError, UserError
 
 EVAL_SEED_OFFSET = 1_000_000  # eval batches use seed + this, a seed no rank trains with
 
@@ -223,7 +220,7 @@ def run(config, rank, world_size, device, autocast, stop, saved=None, data_ident
     logger = Logger(os.path.join(config["out_dir"], "log.jsonl"), config, model_args, raw_model, world_size,
                     iter_num, data_identity) if master else None
     if master and device_type == "cpu":  # before compiling and the first evaluation, both slow there
-        settings.warn_if_slow_on_cpu(config, raw_model.flops_per_token(),
+        machine.warn_if_slow_on_cpu(config, raw_model.flops_per_token(),
                                      tokens_per_step=accum_steps * config["batch_size"] * config["block_size"])
 
     def save(rng):  # ckpt.pt: the latest state (rank 0 only)
@@ -371,7 +368,7 @@ class Logger:
         self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
                       init_from=config["init_from"], config=config, model_args=model_args, data=data_identity))
-        self.flops_promised = settings.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
+        self.flops_promised = machine.peak_flops(config["device"]) if config["device"].startswith("cuda") else None
 
     def log(self, record):
         checkpoint.log_event(self.path, record)

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import cli
 import configurator
-from checkpoint import load_checkpoint, model_from_checkpoint, model_path
-from cli import ConfigError, UserError
+from lib import cli
+from lib.checkpoint import load_checkpoint, model_from_checkpoint, model_path
+from lib.cli import ConfigError, UserError
 from sample import gpt2_tokenizer, read_prompt
 
 DEFAULTS = dict(

@@ -14,7 +14,7 @@ import pytest
 
 import bench
 import check_causal
-import cli
+from lib import cli
 import sample
 import train
 from conftest import REPO
@@ -34,7 +34,7 @@ def test_help_prints_usage_and_keys(main, doc_line, key, capsys):
 
 SIGNALLED = """
 import os, signal, sys, time
-import cli
+from lib import cli
 def entry(argv):
     os.kill(os.getpid(), int(argv[0]))
     time.sleep(30)  # the signal interrupts this
@@ -54,7 +54,7 @@ def test_a_signal_outside_training_is_one_line(signum):
 
 HANGS_IN_TEARDOWN = """
 import os, signal, sys, threading, time
-import cli
+from lib import cli
 def entry(argv):
     # a thread the interpreter waits for at exit, as a library's worker pool can be
     threading.Thread(target=time.sleep, args=(60,)).start()

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import torch
 
-from cli import UserError
+from lib.cli import UserError
 
 DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
 # the commands that make prepare_wikipedia.py's default folders (any other: --out_dir)

@@ -26,13 +26,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import future_attn_kernels as kernels
 import model_future_attn as mf
+from conftest import REPO, tiny
+from lib import future_attn_kernels as kernels
 
 TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+SIZES = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)  # of the tiny models here
 
 # (T, C, future_dim, head size, bias, queries_per_block): T < C and T = C, future_dim 1
 # and C-1, odd head sizes, one block and many (uneven: 130 = 5 blocks of 26)
@@ -131,7 +132,7 @@ def test_flex_builds_each_block_mask_once_for_all_layers(training, monkeypatch):
     from torch.nn.attention import flex_attention as flex_module
     monkeypatch.setattr(kernels, "_flex_masks", {})
     built = spy(monkeypatch, flex_module, "create_block_mask")
-    model = tiny_gpt(n_layer=4, n_head=2, n_embd=32).set_impl("flex").train(training)
+    model = tiny(mf, SIZES, n_layer=4, n_head=2, n_embd=32).set_impl("flex").train(training)
     idx = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         model(idx, idx)
@@ -168,15 +169,11 @@ def spy(monkeypatch, module, name):
     return calls
 
 
-def tiny_gpt(**overrides):
-    torch.manual_seed(0)
-    args = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)
-    return mf.GPT(mf.GPTConfig(**dict(args, **overrides)))
 
 
 def first_layer(**overrides):
-    """The first FutureAttention layer of a tiny_gpt (its weights initialized), and an input (2, 16, 24)."""
-    layer = tiny_gpt(**overrides).transformer.h[0].attn
+    """The first FutureAttention layer of a tiny model (its weights initialized), and an input (2, 16, 24)."""
+    layer = tiny(mf, SIZES, **overrides).transformer.h[0].attn
     return layer, torch.randn(2, 16, 24, generator=torch.Generator().manual_seed(0))
 
 
@@ -245,13 +242,13 @@ def test_computed_future_keys_refuse_the_fast_paths(impl):
     with pytest.raises(ValueError, match=f"impl='{impl}' has no computed future keys"):
         layer(x)
     # and so does a model set onto them (bench.py --impl=fast), with a message that says what to use
-    model = tiny_gpt(future_kv="computed").set_impl(impl)
+    model = tiny(mf, SIZES, future_kv="computed").set_impl(impl)
     with pytest.raises(ValueError, match="future_kv='computed'.*use impl='readable' or 'auto'"):
         model(torch.randint(50, (1, 16)))
 
 
 def test_set_impl_sets_every_future_layer_and_nothing_saved():
-    model = tiny_gpt(n_layer=4, start_layer=2, end_layer=3)
+    model = tiny(mf, SIZES, n_layer=4, start_layer=2, end_layer=3)
     state_keys, args = set(model.state_dict()), dataclasses.asdict(model.config)
     assert [getattr(block.attn, "impl", None) for block in model.transformer.h] == [None, "auto", "auto", None]
     assert model.set_impl("fast") is model
@@ -296,7 +293,7 @@ print(json.dumps(dict(
 
 def test_the_model_file_runs_alone(tmp_path):
     # model_future_attn.py copied by itself into an empty folder: it builds and trains with the readable version
-    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_future_attn.py"), tmp_path)
+    shutil.copy(os.path.join(REPO, "model_future_attn.py"), tmp_path)
     (tmp_path / "alone.py").write_text(ALONE)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # the repository is not on sys.path
     done = subprocess.run([sys.executable, "alone.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -328,7 +325,7 @@ def forward_backward(model, idx, targets, impl):
                                        dict(detach_future_ground_truth=False, future_dim=15, start_layer=2)])
 @pytest.mark.parametrize("training", [True, False])
 def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
-    model = tiny_gpt(**overrides).train(training)
+    model = tiny(mf, SIZES, **overrides).train(training)
     g = torch.Generator().manual_seed(1)
     idx, targets = torch.randint(50, (3, 16), generator=g), torch.randint(50, (3, 16), generator=g)
     ref = forward_backward(model, idx, targets, "readable")
@@ -348,7 +345,7 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_model_fast_is_causal(training):
-    model = tiny_gpt().set_impl("fast").train(training)
+    model = tiny(mf, SIZES).set_impl("fast").train(training)
     g = torch.Generator().manual_seed(2)
     idx, targets = torch.randint(50, (2, 16), generator=g), torch.randint(50, (2, 16), generator=g)
     assert_causal(model, idx, targets, positions=(0, 6, 14), vocab_size=50)
@@ -409,11 +406,11 @@ def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_ta
 def test_auto_picks_flex_on_cuda(monkeypatch):
     flex, fast = spy(monkeypatch, kernels, "future_attention_flex"), spy(monkeypatch, kernels, "future_attention_fast")
     sizes = dict(block_size=8, n_head=2, n_embd=32, future_dim=3)  # head size 16
-    layer = tiny_gpt(**sizes).transformer.h[0].attn.cuda()
+    layer = tiny(mf, SIZES, **sizes).transformer.h[0].attn.cuda()
     x = torch.randn(2, 8, 32, device="cuda")
     layer(x)
     assert (len(flex), len(fast)) == (1, 0)
-    tiny_gpt(bias=True, **sizes).transformer.h[0].attn.cuda()(x)  # K_future_bias: fast
+    tiny(mf, SIZES, bias=True, **sizes).transformer.h[0].attn.cuda()(x)  # K_future_bias: fast
     assert (len(flex), len(fast)) == (1, 1)
     layer(x[:, :6])  # T < C: readable
     assert (len(flex), len(fast)) == (1, 1)

@@ -38,8 +38,7 @@ import numpy as np
 import pytest
 import tiktoken
 
-import cli
-import data
+from lib import cli, data
 import prepare_wikipedia as pw
 from conftest import REPO
 
@@ -409,7 +408,7 @@ def test_missing_input(tmp_path):
 
 
 def test_missing_input_exits_without_traceback(tmp_path):
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare_wikipedia.py")
+    script = os.path.join(REPO, "prepare_wikipedia.py")
     result = subprocess.run([sys.executable, script, "--input", str(tmp_path / "nope.txt"),
                              "--out_dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-import settings
 import train
+from lib import settings
 import visualize
 from conftest import TINY_MODEL, flip_bits
 

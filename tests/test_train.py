@@ -29,14 +29,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import checkpoint
-import cli
-import data
 import report
-import settings
 import train
-from checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
-from cli import ConfigError
+from lib import checkpoint, cli, data, settings
+from lib.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
+from lib.cli import ConfigError
 from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
                       next_line_with, read_log, start, trained_to, wait_for)
 
@@ -348,7 +345,7 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
 
 LOCK_HOLDER = """
 import sys, time
-import checkpoint
+from lib import checkpoint
 lock = checkpoint.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
 print("locked", flush=True)
 time.sleep(120)
@@ -1033,7 +1030,8 @@ def test_accumulation_must_divide_the_world_size(data_dir, tmp_path):
 
 WORKER = """
 import os, sys, torch
-import settings, train
+import train
+from lib import settings
 config = settings.get_config(sys.argv[1:])
 result = train.train(config)
 torch.save(result["model"].state_dict(), os.path.join(config["out_dir"], f"rank{os.environ['RANK']}.pt"))

@@ -23,12 +23,12 @@ import torch
 
 import report
 import study
-from checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
+from lib.checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
 from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
 
 
 @pytest.fixture(scope="module")
-def tiny(data_dir, tmp_path_factory):
+def two_configs(data_dir, tmp_path_factory):
     """Random-token data (conftest.py) and two tiny config files, a baseline and a future_attn."""
     path = tmp_path_factory.mktemp("tiny")
     lines = "".join(f"{key} = {value!r}\n" for key, value in dict(TINY, max_iters=4, eval_interval=2).items())
@@ -58,10 +58,10 @@ def starts(out_dir):
 
 
 @pytest.fixture(scope="module")
-def finished_study(tiny, tmp_path_factory):
+def finished_study(two_configs, tmp_path_factory):
     """2 configs × 2 seeds of 4 steps each, trained through study.py."""
     out_root = str(tmp_path_factory.mktemp("study"))
-    argv = [tiny["base"], tiny["future"], "--seeds=1,2", f"--out_root={out_root}", f"--data_dir={tiny['data']}"]
+    argv = [two_configs["base"], two_configs["future"], "--seeds=1,2", f"--out_root={out_root}", f"--data_dir={two_configs['data']}"]
     status, out, err = run_study(argv)
     return dict(argv=argv, out_root=out_root, status=status, out=out, err=err)
 
@@ -133,9 +133,9 @@ def test_the_table_holds_mean_and_std_over_seeds(finished_study):
     assert "write-up" not in text  # tiny models are no write-up config's
 
 
-def test_kill_then_resume(tiny, tmp_path):
+def test_kill_then_resume(two_configs, tmp_path):
     # a real kill -9 of study.py and its train.py after a checkpoint past iteration 0
-    argv = [tiny["base"], "--seeds=7", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+    argv = [two_configs["base"], "--seeds=7", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
             "--max_iters=100", "--eval_interval=5"]
     ckpt_path = tmp_path / "base-seed7" / "ckpt.pt"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "study.py"), *argv],
@@ -164,8 +164,8 @@ def test_kill_then_resume(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
-def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, tiny, tmp_path):
-    argv = [tiny["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, two_configs, tmp_path):
+    argv = [two_configs["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
             "--max_iters=150", "--eval_interval=50"]
     run_dir = tmp_path / "base-seed3"
     process = start(argv, launcher=(sys.executable, "study.py"))
@@ -191,8 +191,8 @@ def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, tiny, tm
     assert trains == list(range(1, 151))
 
 
-def test_a_second_study_on_the_same_out_root_is_refused(tiny, tmp_path):
-    argv = [tiny["base"], "--seeds=4", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+def test_a_second_study_on_the_same_out_root_is_refused(two_configs, tmp_path):
+    argv = [two_configs["base"], "--seeds=4", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
             "--max_iters=200", "--eval_interval=100"]  # seconds: the second comes long before the end
     run_dir = tmp_path / "base-seed4"
     first = start(argv, launcher=(sys.executable, "study.py"))
@@ -208,7 +208,7 @@ def test_a_second_study_on_the_same_out_root_is_refused(tiny, tmp_path):
     assert len(starts(run_dir)) == 1
 
 
-def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
+def test_folders_without_a_usable_checkpoint(finished_study, two_configs, tmp_path):
     # seed 1: stopped before its first checkpoint (a log, no ckpt.pt): trained again from scratch;
     # seed 2: no checkpoint of train.py's: refused before launching; seed 3: a future_attn
     # checkpoint, which train.py refuses to resume as a baseline: that run fails, the study goes on
@@ -217,8 +217,8 @@ def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
     (tmp_path / "base-seed1" / "log.jsonl").write_text('{"type": "start", "iter_num": 0, "ti')
     (tmp_path / "base-seed2" / "ckpt.pt").write_text("not a checkpoint")
     shutil.copy(os.path.join(finished_study["out_root"], "future-seed1", "ckpt.pt"), tmp_path / "base-seed3")
-    status, out, err = run_study([tiny["base"], "--seeds=1,2,3", f"--out_root={tmp_path}",
-                                  f"--data_dir={tiny['data']}", "--max_iters=6"])
+    status, out, err = run_study([two_configs["base"], "--seeds=1,2,3", f"--out_root={tmp_path}",
+                                  f"--data_dir={two_configs['data']}", "--max_iters=6"])
     assert status == 1 and "error: 2 runs failed: base-seed2, base-seed3" in err
     assert "[1/3] base-seed1: note:" in out and "holds a log but no checkpoint" in out
     assert "[1/3] base-seed1: done at iter 6" in out
@@ -233,16 +233,16 @@ def test_folders_without_a_usable_checkpoint(finished_study, tiny, tmp_path):
     assert "Not finished, left out of the means: base-seed2 (not started), base-seed3 (not started)." in text
 
 
-def test_a_checkpoint_with_flipped_bits_is_not_counted_as_finished(finished_study, tiny, tmp_path):
+def test_a_checkpoint_with_flipped_bits_is_not_counted_as_finished(finished_study, two_configs, tmp_path):
     shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
     member = flip_bits(tmp_path / "base-seed1" / "ckpt.pt")
-    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"])
+    status, out, err = run_study([two_configs["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}"])
     assert status == 1 and "failed: base-seed1" in err
     assert (f"[1/1] base-seed1: cannot resume: {tmp_path}/base-seed1/ckpt.pt is damaged: its member {member} fails "
             f"its CRC32 check") in out
 
 
-def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp_path):
+def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, two_configs, tmp_path):
     # a run stopped by a signal after its last step saves its state without evaluating there:
     # its checkpoint is at max_iters, its log lacks that evaluation. Resuming makes it.
     run_dir = tmp_path / "base-seed1"
@@ -253,7 +253,7 @@ def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp
     (run_dir / "log.jsonl").write_text("".join(lines[:-1]))
     saved = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)
     torch.save(dict(saved, last_eval_iter=2), run_dir / "ckpt.pt")
-    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"])
+    status, out, err = run_study([two_configs["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}"])
     assert status == 0, out + err
     assert "[1/1] base-seed1: resuming from iter 4" in out
     evaluated = read_log(run_dir)[-1]
@@ -265,12 +265,12 @@ def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, tiny, tmp
         assert "| base | 1 of 1 |" in f.read()
 
 
-def test_a_study_with_other_settings_lists_the_old_runs_apart(finished_study, tiny, tmp_path):
+def test_a_study_with_other_settings_lists_the_old_runs_apart(finished_study, two_configs, tmp_path):
     # the same command with another learning rate over runs trained at 1e-3: the table must not
     # present them as this study's results
     for seed in (1, 2):
         shutil.copytree(os.path.join(finished_study["out_root"], f"base-seed{seed}"), tmp_path / f"base-seed{seed}")
-    argv = [tiny["base"], "--seeds=1,2", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}"]
+    argv = [two_configs["base"], "--seeds=1,2", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}"]
     status, out, err = run_study(argv + ["--learning_rate=0.002"])
     assert status == 1  # nothing trained over them
     text = (tmp_path / "study.md").read_text()
@@ -286,10 +286,10 @@ def test_a_study_with_other_settings_lists_the_old_runs_apart(finished_study, ti
     assert "| base | 2 of 2 |" in (tmp_path / "study.md").read_text()
 
 
-def test_a_run_trained_otherwise_is_left_alone(finished_study, tiny, tmp_path):
+def test_a_run_trained_otherwise_is_left_alone(finished_study, two_configs, tmp_path):
     shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
     before = (tmp_path / "base-seed1" / "log.jsonl").read_text()
-    status, out, err = run_study([tiny["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={tiny['data']}",
+    status, out, err = run_study([two_configs["base"], "--seeds=1", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
                                   "--learning_rate=0.002"])
     assert status == 1
     assert "holds a run trained with learning_rate 0.001 (this study: 0.002)" in out
@@ -366,7 +366,7 @@ def test_pick_gpus(monkeypatch):
     assert study.pick_gpus(None) == [None]  # one GPU or none: runs one after another, devices untouched
 
 
-def test_launch_command_and_gpu(tiny, tmp_path, monkeypatch):
+def test_launch_command_and_gpu(two_configs, tmp_path, monkeypatch):
     calls = []
 
     class Popen:
@@ -375,13 +375,13 @@ def test_launch_command_and_gpu(tiny, tmp_path, monkeypatch):
             self.stdout = io.StringIO("iter 3: loss 5.1\neval at iter 4: train loss 5.0\n")
 
     monkeypatch.setattr(study.subprocess, "Popen", Popen)
-    [run] = study.plan_runs([tiny["base"]], [5], str(tmp_path), ["--max_iters=9"])
+    [run] = study.plan_runs([two_configs["base"]], [5], str(tmp_path), ["--max_iters=9"])
     run.state, run.iter = "resume", 2
     with contextlib.redirect_stdout(io.StringIO()):
         study.launch(run, 1, ["--max_iters=9"])
         run.reader.join()
     command, env = calls[0]
-    assert command == [sys.executable, os.path.join(REPO, "train.py"), tiny["base"], "--max_iters=9",
+    assert command == [sys.executable, os.path.join(REPO, "train.py"), two_configs["base"], "--max_iters=9",
                        f"--out_dir={tmp_path}/base-seed5", "--seed=5", "--init_from=resume"]
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and run.iter == 4 and run.max_iters == 9
     assert "eval at iter 4" in (tmp_path / "base-seed5" / "train.out").read_text()

@@ -21,10 +21,10 @@ import torch
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-import settings
 import train
+from lib import settings
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above tests/
 DATA_VOCAB = 256  # the data_dir fixture's tokens are below this
 
 
@@ -53,6 +53,13 @@ def data_dir(tmp_path_factory):
 # tiny models: their fields, and every option that changes the forward pass
 
 TINY_MODEL = dict(vocab_size=61, block_size=12, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+def tiny(module, sizes=TINY_MODEL, **overrides):
+    """A model of module (model_baseline, model_future_attn, model_encdec) with the tiny sizes and
+    overrides, its weights drawn from seed 0."""
+    torch.manual_seed(0)
+    return module.GPT(module.GPTConfig(**{**sizes, **overrides}))
+
 
 # every model and every option that changes the forward pass (or the training loss)
 MODEL_VARIANTS = {

@@ -14,9 +14,9 @@ import torch
 
 import check_causal
 import report
-import settings
 import train
-from cli import ConfigError
+from lib import machine, settings
+from lib.cli import ConfigError
 from conftest import NEXT_STEP_COUNTS, NEXT_STEPS, REPO, argv_for, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -190,7 +190,7 @@ def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
         with torch.device("meta"):  # the FLOP count needs the shapes only
             model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
         tokens_per_step = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        settings.warn_if_slow_on_cpu(config, model.flops_per_token(), tokens_per_step, flops=100e9)
+        machine.warn_if_slow_on_cpu(config, model.flops_per_token(), tokens_per_step, flops=100e9)
         out = capsys.readouterr().out
         # 17.3 TFLOP at 100 GFLOP/s: 173 s per step; the evaluation, 400 forward passes of 50 × 200
         # tokens, a third of the FLOPs per token: 1440 s
@@ -201,7 +201,7 @@ def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
         assert (f"the first evaluation (2 × 200 batches of 50 sequences, forward only) at least {eval_s / 60:.0f} "
                 "minutes" in out) == slow, out
         assert ("use config/tiny_cpu.py" in out) == slow
-    assert settings.cpu_flops(seconds=0.01) > 1e8  # measured: any CPU does this much
+    assert machine.cpu_flops(seconds=0.01) > 1e8  # measured: any CPU does this much
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -218,10 +218,10 @@ def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
 ])
 def test_peak_flops_by_device_name(name, flops, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert settings.peak_flops("cuda") == flops
+    assert machine.peak_flops("cuda") == flops
 
 
 def test_an_unknown_gpu_gets_no_mfu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
-    assert settings.peak_flops("cuda") is None
+    assert machine.peak_flops("cuda") is None
     assert "no bf16 peak known for NVIDIA GeForce RTX 4090, so MFU is not reported" in capsys.readouterr().out

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
 import train
-from cli import UserError
+from lib import data
+from lib.cli import UserError
 from conftest import DATA_VOCAB, TINY, argv_for, flags, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -38,9 +38,8 @@ from contextlib import suppress
 import numpy as np
 import torch
 
-import data
-import settings
-from cli import UserError, write_atomically, write_problem
+from lib import data, settings
+from lib.cli import UserError, write_atomically, write_problem
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")

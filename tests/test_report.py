@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import report
-import settings
 import train
+from lib import settings
 from conftest import NEXT_STEPS, REPO, argv_for, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -23,7 +23,7 @@ import check_causal
 import model_baseline
 import model_encdec
 import model_future_attn
-import settings
+from lib import settings
 from conftest import MODEL_VARIANTS, TINY_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -8,9 +8,9 @@ Run: python -m pytest -q test_configurator.py
 import pytest
 
 import configurator
-import settings
 import train
-from cli import ConfigError
+from lib import settings
+from lib.cli import ConfigError
 
 
 def test_config_file_then_flags(tmp_path):

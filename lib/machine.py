@@ -1,0 +1,87 @@
+"""
+The machine a run meets: the device a setting names must exist; a GPU's peak FLOP/s, which
+model FLOPs utilization (MFU) is measured against; a CPU's speed, to warn before a config sized
+for a GPU starts there. A reader of the tutorial may skip this file.
+"""
+
+import time
+
+import torch
+
+from lib.cli import ConfigError
+
+# dense bf16 tensor-core FLOP/s (without 2:4 sparsity) for MFU, by a part of the name that
+# torch.cuda.get_device_name reports, any case; the first match wins, so variants come first
+PEAK_FLOPS = (
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
+    ("H200 NVL", 835e12),
+    ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
+    ("A100", 312e12),  # SXM and PCIe alike
+)
+
+
+def check_device(device):
+    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has no CUDA): use --device=cpu")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
+                              f"cuda:{torch.cuda.device_count() - 1}")
+
+
+def peak_flops(device):
+    """The GPU's peak FLOP/s from PEAK_FLOPS; None (no MFU) for a GPU not listed there."""
+    name = torch.cuda.get_device_name(device)
+    for part, flops in PEAK_FLOPS:
+        if part.lower() in name.lower():
+            return flops
+    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in settings.py")
+    return None
+
+
+def cpu_flops(seconds=0.2):
+    """This CPU's float32 FLOP/s in 512 × 512 matmuls, measured for about `seconds`: more than a
+    model's mix of operations reaches, so times estimated from it are lower bounds."""
+    a = torch.randn(512, 512)
+    a @ a  # the first call sets up the threads
+    t0, matmuls = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+        matmuls += 1
+    return matmuls * 2 * 512**3 / (time.perf_counter() - t0)
+
+
+def duration(seconds):
+    """'40 s', '7 minutes', '3.5 hours'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:,.1f} hours"
+
+
+def warn_if_slow_on_cpu(config, flops_per_token, tokens_per_step, flops=None):
+    """Say at once when a config sized for a GPU starts on a CPU, and what its steps and its first
+    evaluation will cost there (at `flops` FLOP/s, measured if not given): before compiling and
+    evaluating, which take that long. flops_per_token counts forward and backward."""
+    flops_per_step = flops_per_token * tokens_per_step
+    if flops_per_step > 1e12:
+        flops = flops or cpu_flops()
+        # the evaluation: eval_iters batches of each split, forward only (a third of the FLOPs)
+        eval_flops = flops_per_token / 3 * 2 * config["eval_iters"] * config["batch_size"] * config["block_size"]
+        print(f"note: this config is sized for a GPU: one optimizer step ({tokens_per_step // config['block_size']:,} "
+              f"sequences of {config['block_size']} tokens) is {flops_per_step / 1e12:,.0f} TFLOP, at least "
+              f"{duration(flops_per_step / flops)} on this CPU ({flops / 1e9:,.0f} GFLOP/s in matmuls), and the first "
+              f"evaluation (2 × {config['eval_iters']} batches of {config['batch_size']} sequences, forward only) at "
+              f"least {duration(eval_flops / flops)}")
+        print(f"note: max_iters is {config['max_iters']:,}: for a first run on a CPU use config/tiny_cpu.py")
+    if config["compile"]:
+        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")
