@@ -1,30 +1,20 @@
 """
-Settings from the command line: `[config_file.py ...] [--key=value | --key value ...]` over a
-dict of defaults.
+Settings from the command line: `[config_file.py ...] [--key=value | --key value | --key ...]`
+over a dict of defaults: `config = merge(defaults, *parse(sys.argv[1:]))`.
 
-    files, overrides = configurator.parse(sys.argv[1:])
-    config = configurator.merge(defaults, files, overrides)
-
-A config file is plain Python run in a fresh namespace; its simple values (bool, int, float,
-str, None) whose names do not start with "_" are taken, later files over earlier ones.
-A flag is `--key=value` or `--key value` (the next argument is the value, even one that starts
-with a single "-", such as -1). The value is read with ast.literal_eval, or kept as the raw
-text for a key whose default is a string (so `--dtype=bfloat16` needs no quotes). Flags win
-over files. Every key must have a default, and every value must match its default's type (an
-int is accepted for a float; a None default accepts any value); otherwise merge raises one
-ConfigError: a type error names the expected type and the value now in force, an unknown key
-the closest known one.
-`-h` or `--help` anywhere asks for the script's usage instead (wants_help, usage).
+A config file is plain Python run in a fresh namespace; its simple values (bool, int, float, str,
+None) whose names do not start with "_" are taken. Flags win over files; a flag alone (`--compile`)
+means True. Every key must have a default and every value its default's type (an int is accepted
+for a float; a None default accepts any value), or merge raises one ConfigError that says why.
 """
 
 import ast
 import difflib
 import os
 
-from lib.cli import ConfigError  # noqa: F401 (the scripts' error for a bad setting, also importable from here)
+from lib.cli import HELP_FLAGS, KEYS_ELSEWHERE, ConfigError, usage, wants_help  # noqa: F401 (--help, for the scripts)
 
 SIMPLE_TYPES = (bool, int, float, str, type(None))
-HELP_FLAGS = ("-h", "--help")
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}  # what a wrong type should be
 
 
@@ -32,33 +22,22 @@ def read_config_file(path):
     """The simple, non-underscore values a Python config file defines."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found (a config file is a .py path such as config/tiny_cpu.py)")
-    namespace = {}
+    namespace = {}  # the file's own, never our globals
     with open(path) as f:
-        exec(compile(f.read(), path, "exec"), namespace)  # its own namespace, never our globals
+        try:
+            exec(compile(f.read(), path, "exec"), namespace)
+        except Exception as e:
+            line = e.lineno if isinstance(e, SyntaxError) else (e.__traceback__.tb_next or e.__traceback__).tb_lineno
+            raise ConfigError(f"{path}, line {line}: {type(e).__name__}: {getattr(e, 'msg', e)} — fix the config file") from None
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, SIMPLE_TYPES)}
 
 
-def wants_help(argv):
-    return any(arg in HELP_FLAGS for arg in argv)
-
-
-def usage(doc, config):
-    """A script's --help text: its docstring, then every key with its value in config."""
-    keys = "\n".join(f"  --{key}={value!r}" for key, value in config.items())
-    return (f"{doc.strip()}\n\nkeys, as --key=value or --key value (after any config files), "
-            f"with their values:\n{keys}")
-
-
 def normalize(argv, switches=None, keep=()):
-    """argv with every flag as one `--key=value` argument, config files left in place.
-
-    `--key value` takes the next argument as the value, whatever it starts with but "--"
-    (so `--seed -1` works). A switch, a key of `switches` such as bench.py's --compare, may
-    stand alone for its value there; it takes the next argument only when that is a value of
-    the switch's type (`--compare False`), so `--compare config/x.py` leaves the file a file.
-    Flags in `keep` (another parser's options) stay as they are."""
-    switches = switches or {}
-    flags, rest = [], list(argv)
+    """argv with every flag as one `--key=value` (`--key` where no value follows), config files in
+    place. `--key value` takes any next argument but a flag (so `--seed -1` works). A key of switches
+    (bench.py's profile=5) alone means that value, and takes the next argument only when it is of its
+    type (`--compare False`, not `--compare config/x.py`). Flags in `keep` stay as they are."""
+    switches, flags, rest = switches or {}, [], list(argv)
     while rest:
         arg = rest.pop(0)
         if not arg.startswith("--") or "=" in arg or arg in HELP_FLAGS or arg in keep:
@@ -67,39 +46,36 @@ def normalize(argv, switches=None, keep=()):
         key = arg[2:]
         following = rest[0] if rest and not rest[0].startswith("--") else None
         if key in switches:
-            default = switches[key]
-            takes_next = following is not None and type(read_flag(key, following, default)) is type(default)
-            flags.append(f"{arg}={rest.pop(0) if takes_next else default}")
-        elif following is None:
-            raise ConfigError(f"{arg} has no value: write {arg}=VALUE or {arg} VALUE")
+            takes_next = following is not None and type(read_flag(key, following, switches[key])) is type(switches[key])
+            flags.append(f"{arg}={rest.pop(0) if takes_next else switches[key]}")
         else:
-            flags.append(f"{arg}={rest.pop(0)}")
+            flags.append(arg if following is None else f"{arg}={rest.pop(0)}")
     return flags
 
 
 def parse(argv, switches=None):
-    """Split argv into (values from the config files, {key: raw text of the flag's value})."""
+    """Split argv into (values from the config files, {key: raw text of the flag's value, None alone})."""
     files, overrides = {}, {}
     for arg in normalize(argv, switches):
         if arg.startswith("--"):
-            key, _, text = arg[2:].partition("=")
+            key, equals, text = arg[2:].partition("=")
             if not key:
                 raise ConfigError(f"bad argument {arg!r}: flags are written --key=value or --key value")
-            overrides[key] = text
+            overrides[key] = text if equals else None
         else:
             files.update(read_config_file(arg))
     return files, overrides
 
 
 def read_flag(key, text, default):
-    """The Python value of `--key=text`; plain text for string keys."""
+    """The Python value of `--key=text`; plain text for string keys; True for a flag alone."""
+    if text is None:
+        return True
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         value = text
-    if isinstance(default, str) and not isinstance(value, str):
-        value = text  # e.g. --wandb_run_name=2024 stays the string '2024'
-    return value
+    return text if isinstance(default, str) and not isinstance(value, str) else value  # --wandb_run_name=2024: text
 
 
 def check_type(value, default):
@@ -111,32 +87,34 @@ def check_type(value, default):
     return None, EXPECTED[type(default)]
 
 
-def unknown_key(key, known):
-    """The message for a key no default has: the closest known key, else where to find them."""
+def unknown_key(key, known, program):
+    """The message for a key no default has: the script it belongs to, the closest known key, or --help."""
+    if key in KEYS_ELSEWHERE and key not in known:
+        return f"{program} has no setting {key}; did you mean to pass it to {KEYS_ELSEWHERE[key]}?"
     close = difflib.get_close_matches(key, known, n=1)
-    if close:
-        return f"unknown key {key}; did you mean {close[0]}?"
-    return f"unknown key {key} (--help lists the keys)"
+    return f"unknown key {key}; did you mean {close[0]}?" if close else f"unknown key {key} (--help lists the keys)"
 
 
-def merge(defaults, files, overrides, script_keys=()):
-    """defaults updated with config-file values, then with flags; checked against defaults.
-    script_keys are keys the calling script reads itself: skipped here, but suggested for a
-    misspelt key."""
+def merge(defaults, files, overrides, script_keys=(), program="train.py"):
+    """defaults updated with config-file values, then with flags; checked against defaults. script_keys,
+    the calling script's own keys, are skipped here but suggested for a misspelt key."""
     config, problems = dict(defaults), []
     settings = [(key, value, f"{key}={value!r} in the config file") for key, value in files.items()]
-    settings += [(key, read_flag(key, text, defaults.get(key)), f"--{key}={text}") for key, text in overrides.items()]
+    settings += [(key, read_flag(key, text, defaults.get(key)), f"--{key}" + f"={text}" * (text is not None))
+                 for key, text in overrides.items()]
     for key, value, given in settings:
         if key in script_keys:
             continue
         if key not in defaults:
-            problems.append(unknown_key(key, [*defaults, *script_keys]))
-            continue
-        value, expected = check_type(value, defaults[key])
-        if expected:
-            problems.append(f"{given}: expected {expected} (now {config[key]!r})")
+            problems.append(unknown_key(key, [*defaults, *script_keys], program))
+        elif overrides.get(key, "") is None and given.startswith("--") and not isinstance(defaults[key], bool):
+            problems.append(f"{given} has no value: write {given}=VALUE or {given} VALUE")
         else:
-            config[key] = value
+            value, expected = check_type(value, defaults[key])
+            if expected:
+                problems.append(f"{given}: expected {expected} (now {config[key]!r})")
+            else:
+                config[key] = value
     if problems:
         raise ConfigError("; ".join(problems))
     return config

@@ -23,8 +23,9 @@ import torch
 
 import configurator
 from lib import cli
-from lib.checkpoint import load_checkpoint, model_from_checkpoint, model_path
+from lib.checkpoint import model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
+from lib.guards import load_checkpoint
 from lib.machine import check_device
 from lib.settings import DTYPES, autocast_for
 

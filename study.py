@@ -32,8 +32,8 @@ import torch
 import configurator
 import report
 from lib import cli, data, settings
-from lib.checkpoint import FolderLock, saved_iteration
 from lib.cli import ConfigError, UserError
+from lib.guards import FolderLock, saved_iteration
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run

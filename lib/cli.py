@@ -1,7 +1,8 @@
 """
 What every script does with a mistake the user can fix: one line that says what is wrong and
-what to do, and an exit status; never a traceback. Also the one way files are written: under
-a temporary name, then renamed, so a crash, a full disk or a signal never leaves half a file.
+what to do, and an exit status; never a traceback. Also the stop signals, --help, and the one way
+files are written: under a temporary name, then renamed, so a crash, a full disk or a signal never
+leaves half a file. A reader of the tutorial may skip this file.
 
     @cli.main
     def main(argv):
@@ -30,6 +31,26 @@ from contextlib import suppress
 # the signals that ask a script to stop: Ctrl-C; `kill`, schedulers and preemptible machines;
 # a closed terminal or a dropped ssh session; SLURM's warning before a time limit (--signal=USR1@120)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+# the keys of the scripts that do not read their flags through configurator.py, so that a flag
+# given to the wrong script says where it belongs (test_configurator.py checks them against --help)
+KEYS_ELSEWHERE = {**dict.fromkeys(("dataset", "input", "val", "detokenize", "num_proc", "max_chars", "url", "zip",
+                                   "split", "train_tokens", "val_tokens", "val_fraction", "retries"), "prepare_wikipedia.py"),
+                  **dict.fromkeys(("seeds", "out_root", "gpus", "report_only", "progress_s"), "study.py")}
+
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(argv):
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def usage(doc, config):
+    """A script's --help text: its docstring, then every key with its value in config."""
+    keys = "\n".join(f"  --{key}={value!r}" for key, value in config.items())
+    return f"{doc.strip()}\n\nkeys, as --key=value or --key value (after any config files), with their values:\n{keys}"
 
 
 class UserError(Exception):
@@ -126,6 +147,43 @@ def leave_a_closed_terminal():
                 os.close(devnull)
         except (OSError, ValueError):  # no file descriptor at all (output captured in memory)
             pass
+
+
+class quiet_when_closed:
+    """Within it, a stdout whose reader went away (`python train.py | head`) costs nothing: what
+    follows goes to /dev/null, and on_close() is called once, for the script to stop where it can
+    save its work, as after a SIGPIPE. Without it, the next print would end the script."""
+
+    def __init__(self, on_close):
+        self.on_close, self.closed = on_close, False
+
+    def __enter__(self):
+        self.stream, sys.stdout = sys.stdout, self
+        return self
+
+    def write(self, text):
+        return self.guarded(self.stream.write, text)
+
+    def flush(self):
+        return self.guarded(self.stream.flush)
+
+    def guarded(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())  # the buffered rest, and all that follows, go nowhere
+            os.close(devnull)
+            if not self.closed:
+                self.closed = True
+                self.on_close()
+            return None
+
+    def __getattr__(self, name):  # everything else is the stream's own (fileno, isatty, encoding, ...)
+        return getattr(self.stream, name)
+
+    def __exit__(self, *exc_info):
+        sys.stdout = self.stream
 
 
 def raise_stopped(signum, frame):

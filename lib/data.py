@@ -1,8 +1,9 @@
 """
-The token files prepare_wikipedia.py writes (data_dir/train.bin, val.bin: flat uint16 GPT-2
-token ids, nanoGPT's layout, and meta.json): the checks made before training starts, and the
-random batches training and evaluation draw from them; what identifies the data a run trains on
-(the sha256 of each file), and the shared lock a run holds on its data folder.
+The data folder's guards. The token files prepare_wikipedia.py writes (data_dir/train.bin, val.bin:
+flat uint16 GPT-2 token ids, nanoGPT's layout, and meta.json; train.py's get_batch reads them) are
+checked before training starts; the sha256 of each file identifies the data a run trains on; and a
+lock keeps prepare_wikipedia.py from rewriting a folder a run reads. A reader of the tutorial may
+skip this file.
 """
 
 import fcntl
@@ -11,7 +12,6 @@ import json
 import os
 
 import numpy as np
-import torch
 
 from lib.cli import UserError
 
@@ -172,16 +172,3 @@ def sha256_of(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             sha.update(chunk)
     return sha.hexdigest()
-
-
-def get_batch(data_dir, split, generator, batch_size, block_size, device):
-    """batch_size random windows of split.bin: x (B, T) and y, x shifted by one token; int64."""
-    # a fresh memmap per batch: a long-lived np.memmap leaks memory (nanoGPT's note)
-    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])  # (B, T)
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])  # (B, T)
-    if device.startswith("cuda"):
-        # pinned memory lets the copy run asynchronously while the GPU works
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y

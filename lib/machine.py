@@ -1,7 +1,8 @@
 """
-The machine a run meets: the device a setting names must exist; a GPU's peak FLOP/s, which
-model FLOPs utilization (MFU) is measured against; a CPU's speed, to warn before a config sized
-for a GPU starts there. A reader of the tutorial may skip this file.
+What a run's settings must be, and the machine they meet: values that would fail mid-run are
+refused up front; the device a setting names must exist; a GPU's peak FLOP/s, which model FLOPs
+utilization (MFU) is measured against; a CPU's speed, to warn before a config sized for a GPU
+starts there. A reader of the tutorial may skip this file.
 """
 
 import time
@@ -20,6 +21,35 @@ PEAK_FLOPS = (
     ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
     ("A100", 312e12),  # SXM and PCIe alike
 )
+
+
+def check_settings(config, dtypes):
+    """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
+    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", dtypes)):
+        if config[key] not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+        if config[key] < 1:
+            raise ConfigError(f"{key} must be at least 1, got {config[key]}")
+    problems = []
+    if config["learning_rate"] <= 0:
+        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= config[key] < 1:
+            problems.append(f"{key} must be in [0, 1), got {config[key]}")
+    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
+        if config[key] < 0:
+            problems.append(f"{key} must be >= 0, got {config[key]}")
+    if config["decay_lr"]:
+        # the cosine's ratio divides by lr_decay_iters - warmup_iters
+        if config["warmup_iters"] >= config["lr_decay_iters"]:
+            problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
+                            f"({config['lr_decay_iters']}), or set --decay_lr=False")
+        if config["min_lr"] > config["learning_rate"]:
+            problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    check_device(config["device"])
 
 
 def check_device(device):

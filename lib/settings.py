@@ -15,10 +15,10 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from lib import data, machine
 import model_baseline
 import model_encdec
 import model_future_attn
+from lib import data, machine
 from lib.cli import ConfigError
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,37 +90,13 @@ def get_config(argv, script_keys=()):
     if "model_type" in overrides:
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
     config = configurator.merge(default_config(model_type), files, overrides, script_keys)
-    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", DTYPES)):
-        if config[key] not in allowed:
-            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-        if config[key] < 1:
-            raise ConfigError(f"{key} must be at least 1, got {config[key]}")
-    check_optimizer_settings(config)
-    machine.check_device(config["device"])
+    machine.check_settings(config, DTYPES)  # values that would fail mid-run, and the device
+    try:
+        model_args_of(config)  # the model's own checks (its GPTConfig), naming the config files they read
+    except ConfigError as e:
+        paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
+        raise ConfigError(f"{', '.join(paths)}: {e}" if paths else str(e)) from None
     return config
-
-
-def check_optimizer_settings(config):
-    """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
-    problems = []
-    if config["learning_rate"] <= 0:
-        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= config[key] < 1:
-            problems.append(f"{key} must be in [0, 1), got {config[key]}")
-    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
-        if config[key] < 0:
-            problems.append(f"{key} must be >= 0, got {config[key]}")
-    if config["decay_lr"]:
-        # the cosine's ratio divides by lr_decay_iters - warmup_iters
-        if config["warmup_iters"] >= config["lr_decay_iters"]:
-            problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
-                            f"({config['lr_decay_iters']}), or set --decay_lr=False")
-        if config["min_lr"] > config["learning_rate"]:
-            problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
-    if problems:
-        raise ConfigError("; ".join(problems))
 
 
 def usage(doc, argv):

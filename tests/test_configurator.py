@@ -5,11 +5,15 @@ now in force (read through settings.get_config, as the scripts do).
 Run: python -m pytest -q test_configurator.py
 """
 
+import subprocess
+import sys
+
 import pytest
 
 import configurator
 import train
-from lib import settings
+from conftest import REPO
+from lib import cli, settings
 from lib.cli import ConfigError
 
 
@@ -81,7 +85,7 @@ def test_a_negative_number_is_a_value():
 def test_a_flag_without_value_is_one_clear_error(argv, capsys):
     flag = next(arg for arg in argv if "=" not in arg and arg.startswith("--"))
     with pytest.raises(ConfigError) as e:
-        configurator.parse(argv)
+        settings.get_config(argv)
     assert str(e.value) == f"{flag} has no value: write {flag}=VALUE or {flag} VALUE"
     assert train.main(argv) == 2 and last_line(capsys).startswith(f"error: {flag} has no value")
 
@@ -94,3 +98,38 @@ def test_switches_stand_alone_or_take_a_value_of_their_type():
     assert configurator.normalize(["--profile", "3", "--compare"], switches) == ["--profile=3", "--compare=True"]
     assert configurator.normalize(["--seeds", "1,2", "--max_iters", "3"], keep=["--seeds"]) == [
         "--seeds", "1,2", "--max_iters=3"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--compile"], dict(compile=True)),  # a boolean flag alone means True, as --probe does in check_causal.py
+    (["--compile", "--max_iters=5"], dict(compile=True, max_iters=5)),
+    (["config/tiny_cpu.py", "--wandb_log", "--compile", "False"], dict(wandb_log=True, compile=False)),
+])
+def test_a_boolean_flag_alone_means_true(argv, expected):
+    config = settings.get_config(argv)
+    assert {key: config[key] for key in expected} == expected
+
+
+def test_a_flag_of_another_script_says_which(capsys):
+    assert train.main(["config/tiny_cpu.py", "--detokenize"]) == 2
+    assert last_line(capsys) == ("error: train.py has no setting detokenize; did you mean to pass it to "
+                                 "prepare_wikipedia.py?")
+
+
+def test_the_keys_of_other_scripts_are_theirs():
+    # the table that names another script's flag is checked against that script's own --help
+    helps = {script: subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True).stdout
+             for script in set(cli.KEYS_ELSEWHERE.values())}
+    for key, script in cli.KEYS_ELSEWHERE.items():
+        assert f"--{key}" in helps[script], f"--{key} is not a flag of {script}"
+
+
+@pytest.mark.parametrize("text, line, what", [
+    ("n_layer = 2\nmax_iters = = 3\n", 2, "SyntaxError: invalid syntax"),
+    ("n_layer = 2\n\nmax_iters = undefined_name\n", 3, "NameError: name 'undefined_name' is not defined"),
+])
+def test_an_error_in_a_config_file_names_its_file_and_line(text, line, what, tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text(text)
+    assert train.main([str(path)]) == 2
+    assert last_line(capsys) == f"error: {path}, line {line}: {what} — fix the config file"

@@ -10,7 +10,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 import train
 from lib import data
@@ -18,21 +17,6 @@ from lib.cli import UserError
 from conftest import DATA_VOCAB, TINY, argv_for, flags, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-
-# --------------------------------------------------------------------------------------
-# batches
-
-
-def test_batches_are_shifted_windows(data_dir):
-    generator = torch.Generator().manual_seed(0)
-    x, y = data.get_batch(data_dir, "train", generator, batch_size=3, block_size=16, device="cpu")
-    tokens = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
-    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    windows = np.lib.stride_tricks.sliding_window_view(tokens, 16)  # (N - 15, 16)
-    starts = np.flatnonzero((windows == x[0].numpy()).all(axis=1))  # where x[0] comes from
-    assert any(np.array_equal(tokens[i + 1:i + 17], y[0].numpy()) for i in starts)
 
 
 # --------------------------------------------------------------------------------------

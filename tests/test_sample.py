@@ -17,7 +17,7 @@ import model_encdec
 import model_future_attn
 import sample
 import train
-from lib.checkpoint import load_checkpoint
+from lib.guards import load_checkpoint
 from conftest import argv_for, flip_bits, last_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

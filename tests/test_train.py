@@ -31,9 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import report
 import train
-from lib import checkpoint, cli, data, settings
-from lib.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
+from lib import checkpoint, cli, data, guards, settings
+from lib.checkpoint import TRAINING_KEYS, model_from_checkpoint
 from lib.cli import ConfigError
+from lib.guards import load_checkpoint
 from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
                       next_line_with, read_log, start, trained_to, wait_for)
 
@@ -48,6 +49,21 @@ Usage = collections.namedtuple("Usage", "total used free")  # as shutil.disk_usa
 def run_argv(data_dir, out_dir, **overrides):
     """The flags of a RUN, long enough to be signalled mid-run."""
     return flags(**{**RUN, "data_dir": data_dir, "out_dir": str(out_dir), **overrides})
+
+
+# --------------------------------------------------------------------------------------
+# batches
+
+
+def test_batches_are_shifted_windows(data_dir):
+    generator = torch.Generator().manual_seed(0)
+    x, y = train.get_batch(data_dir, "train", generator, batch_size=3, block_size=16, device="cpu")
+    tokens = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
+    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, 16)  # (N - 15, 16)
+    starts = np.flatnonzero((windows == x[0].numpy()).all(axis=1))  # where x[0] comes from
+    assert any(np.array_equal(tokens[i + 1:i + 17], y[0].numpy()) for i in starts)
 
 
 # --------------------------------------------------------------------------------------
@@ -268,7 +284,7 @@ def test_a_data_dir_being_prepared_is_refused(data_dir, tmp_path, capsys):
 
 def test_data_rewritten_during_a_run_stops_it_at_the_next_evaluation(data_dir, tmp_path, monkeypatch, capsys):
     ours = data_copy(data_dir, tmp_path / "data")
-    get_batch, calls = train.data.get_batch, []
+    get_batch, calls = train.get_batch, []
 
     def rewriting_get_batch(folder, split, *args, **kwargs):  # val.bin written by hand at the first step
         calls.append(split)
@@ -276,7 +292,7 @@ def test_data_rewritten_during_a_run_stops_it_at_the_next_evaluation(data_dir, t
             np.random.default_rng(1).integers(0, 256, 1000).astype(np.uint16).tofile(f"{ours}/val.bin")
         return get_batch(folder, split, *args, **kwargs)
 
-    monkeypatch.setattr(train.data, "get_batch", rewriting_get_batch)
+    monkeypatch.setattr(train, "get_batch", rewriting_get_batch)
     assert train.main(argv_for(ours, tmp_path / "out", max_iters=4, eval_interval=2)) == 1
     err = last_error(capsys)
     assert err.startswith(f"error: the data in {ours} changed during the run") and err.count("\n") == 1
@@ -345,8 +361,8 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
 
 LOCK_HOLDER = """
 import sys, time
-from lib import checkpoint
-lock = checkpoint.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
+from lib import guards
+lock = guards.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -427,6 +443,65 @@ def test_an_overfitting_run_resumes_from_its_latest_evaluation_not_its_best(data
         pytest.fail("best.pt holds the latest model")
     assert train.main(run_argv(data_dir, out_dir, max_iters=8, eval_interval=2, init_from="resume")) == 0
     assert [r["iter_num"] for r in read_log(out_dir) if r["type"] == "start"] == [0, 6]
+
+
+def test_the_free_space_a_save_needs_counts_the_tied_weights_once(data_dir, tmp_path, monkeypatch):
+    # the token embedding and the output head share one tensor: the space asked for before a save
+    # is at most what torch.save writes, not that plus a second copy of the embedding
+    write_atomically, asked = checkpoint.write_atomically, {}
+
+    def recorded(path, write, size=0):
+        asked[os.path.basename(path)] = size
+        return write_atomically(path, write, size)
+
+    monkeypatch.setattr(checkpoint, "write_atomically", recorded)
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=1, eval_interval=1)) == 0
+    for name in ("ckpt.pt", "best.pt"):
+        written = os.path.getsize(tmp_path / name)
+        assert 0.8 * written < asked[name] <= written, (name, asked[name], written)
+
+
+def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, monkeypatch, capsys):
+    # a model too large for the memory fails at its first forward, the evaluation at iteration 0:
+    # one line that says what to change, and no out_dir that the next run would refuse
+    module = settings.MODELS["baseline"]
+    forward = module.GPT.forward
+
+    def too_large(self, idx, targets=None):
+        torch.empty(10**13)  # 40 TB: the allocator refuses, as it does for --block_size=100000
+        return forward(self, idx, targets)
+
+    monkeypatch.setattr(module.GPT, "forward", too_large)
+    out_dir = tmp_path / "run"
+    assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 1
+    err = last_error(capsys)
+    assert err == (f"error: out of memory during the evaluation at iteration 0: a micro-step of 4 sequences of 16 "
+                   f"tokens does not fit in this machine's memory; lower --batch_size (and raise "
+                   f"--gradient_accumulation_steps to keep the tokens per step) or --block_size\n")
+    assert not out_dir.exists()
+    monkeypatch.setattr(module.GPT, "forward", forward)
+    assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 0  # no --overwrite needed
+
+
+def test_a_closed_pipe_stops_the_run_with_its_state_saved(data_dir, tmp_path):
+    # `python train.py ... | head`: once head has its lines, the run stops after the step under way,
+    # saved, as after a signal (SIGPIPE), instead of dying in a traceback at its next print
+    out_dir = tmp_path / "run"
+    process = start(run_argv(data_dir, out_dir, max_iters=100_000, eval_interval=100_000))
+    try:
+        for line in process.stdout:
+            if line.startswith("iter 5:"):
+                break
+        process.stdout.close()  # what head does after its lines
+        err = process.stderr.read()
+        assert process.wait(timeout=60) == 128 + signal.SIGPIPE
+    finally:
+        process.kill()
+        process.wait()
+    assert "Traceback" not in err and err.startswith("SIGPIPE: stopping after iteration ")
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert f"stopped by SIGPIPE after iteration {stopped_at}: saved {out_dir}/ckpt.pt" in err and stopped_at > 5
+    assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(data_dir, tmp_path, monkeypatch, capsys):
@@ -532,7 +607,7 @@ def test_non_finite_loss_at_the_first_step(data_dir, tmp_path, monkeypatch, caps
     monkeypatch.setattr(module.GPT, "forward", poisoned_forward)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=3)) == 1
     err = last_error(capsys)
-    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt (iteration 0) holds the last good state" in err
+    assert "iteration 1: non-finite loss" in err and f"{tmp_path}/ckpt.pt (iteration 0, val loss " in err
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 0  # the evaluation at 0 saved it
 
 
@@ -576,12 +651,15 @@ DIVERGING = dict(learning_rate=1000.0, max_iters=8, eval_interval=1)  # non-fini
 def test_a_diverging_run_saves_no_non_finite_value(grad_clip, data_dir, tmp_path, capsys):
     assert train.main(argv_for(data_dir, tmp_path, **DIVERGING, grad_clip=grad_clip)) == 1
     *warnings, error = last_error(capsys).splitlines()  # the warnings of a finite divergence first
-    assert all(line.startswith("warning: val loss") for line in warnings)
+    assert all(line.startswith(("warning: val loss", f"warning: not saving {tmp_path}/ckpt.pt")) for line in warnings)
     iteration = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
-    assert error.startswith(f"error: iteration {iteration + 1}: non-finite gradient norm")
-    assert f"{tmp_path}/ckpt.pt (iteration {iteration}) holds the last good state" in error
+    evals = {r["iter"]: r for r in strict_records(tmp_path) if r["type"] == "eval"}
+    assert error.startswith(f"error: iteration {max(evals) + 1}: non-finite gradient norm")
+    # the state named is one a resume can go on from: its val loss is within a nat of the run's best
+    assert f"{tmp_path}/ckpt.pt (iteration {iteration}, val loss {evals[iteration]['val_loss']:.4f}) holds" in error
+    assert evals[iteration]["val_loss"] < min(r["val_loss"] for r in evals.values()) + 1
     assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
-    assert max(r.get("iter", 0) for r in strict_records(tmp_path)) == iteration  # strict JSON, and nothing after
+    assert max(r.get("iter", 0) for r in strict_records(tmp_path)) == max(evals)  # strict JSON, and nothing after
 
 
 def test_the_command_a_diverged_run_gives_resumes_it(data_dir, tmp_path, monkeypatch, capsys):
@@ -589,14 +667,17 @@ def test_the_command_a_diverged_run_gives_resumes_it(data_dir, tmp_path, monkeyp
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])  # the command line the message repeats
     assert train.main(argv) == 1
     iteration = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
-    command = shlex.split(last_error(capsys).split("resume it with half the learning rate: ")[1])
-    assert command[:2] == ["python", "train.py"] and command[-2:] == ["--init_from=resume", "--learning_rate=500"]
+    err = last_error(capsys)
+    # 1000 is far above the learning rate the command's config gives (the default, 9e-4): that one, not half of 1000
+    assert "resume it with the config's own learning rate, 0.0009 (1000 is 1,111,111× that): " in err
+    command = shlex.split(err[err.index("python train.py"):])
+    assert command[:2] == ["python", "train.py"] and command[-2:] == ["--init_from=resume", "--learning_rate=0.0009"]
     monkeypatch.setattr(sys, "argv", command[1:])
-    assert train.main(command[2:]) in (0, 1)  # trains on, or stops again at a non-finite step
+    assert train.main(command[2:]) == 0  # the state named was good: the run trains on to its end
     resumed = capsys.readouterr()
     assert f"resumed from iteration {iteration} " in resumed.out and "Traceback" not in resumed.err
-    assert "resumed with settings that differ from the checkpoint's: learning_rate 1000.0 → 500.0" in resumed.out
-    assert [r["config"]["learning_rate"] for r in strict_records(tmp_path) if r["type"] == "start"] == [1000.0, 500.0]
+    assert "resumed with settings that differ from the checkpoint's: learning_rate 1000.0 → 0.0009" in resumed.out
+    assert [r["config"]["learning_rate"] for r in strict_records(tmp_path) if r["type"] == "start"] == [1000.0, 0.0009]
     assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
 
 
@@ -622,7 +703,7 @@ def test_a_non_finite_evaluation_saves_nothing_and_logs_null(data_dir, tmp_path,
     assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2)) == 1
     err = last_error(capsys)
     assert err.startswith("error: non-finite losses at the evaluation of iteration 2 (train ")
-    assert f"{tmp_path}/ckpt.pt (iteration 0) holds the last good state" in err
+    assert f"{tmp_path}/ckpt.pt (iteration 0, val loss " in err and ") holds the last good state" in err
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == load_checkpoint(tmp_path / "best.pt")["iter_num"] == 0
     last = strict_records(tmp_path)[-1]
     assert last["type"] == "eval" and last["val_loss"] is None and last["nonfinite"] == ["val_loss"]
@@ -714,14 +795,14 @@ def test_a_closed_terminal_stops_the_run_with_its_state_saved(data_dir, tmp_path
 def test_the_command_to_continue_drops_init_from_and_overwrite_in_either_style(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["train.py", "config/tiny_cpu.py", "--init_from", "scratch", "--overwrite",
                                       "True", "--max_iters", "5", "--out_dir=my run"])
-    note = train.stopped_note(signal.SIGINT, 3, "my run/ckpt.pt", world_size=1)
-    assert note.endswith("continue with: python train.py config/tiny_cpu.py --max_iters=5 '--out_dir=my run' "
+    command = guards.rerun_command(world_size=1, init_from="resume")
+    assert command == ("python train.py config/tiny_cpu.py --max_iters=5 '--out_dir=my run' "
                          "--init_from=resume")
 
 
 def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     # evaluations of 500 batches take a second or so; the signal comes right after step 50,
-    # when the evaluation at 50 begins: it completes, is saved, then one more step, then the stop
+    # when the evaluation at 50 begins: it completes, is saved, and the run stops there
     out_dir = tmp_path / "run"
     process = start(run_argv(data_dir, out_dir, eval_iters=500, eval_interval=50))
     wait_for(trained_to(out_dir, 50), process)
@@ -729,7 +810,8 @@ def test_a_signal_during_an_evaluation(data_dir, tmp_path, unbroken):
     sent = time.time()
     out, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
-    assert "stopped by SIGTERM after iteration 51" in err
+    assert err.startswith("SIGTERM: stopping after the evaluation at iteration 50 with its state saved; ")
+    assert "stopped by SIGTERM after iteration 50" in err
     evals = [r for r in read_log(out_dir) if r["type"] == "eval"]
     assert [r["iter"] for r in evals] == [0, 50]  # the evaluation was made
     assert sent < evals[-1]["time"]  # and the signal came while it ran: its record is written after it
@@ -821,7 +903,8 @@ def test_a_second_signal_stops_at_once(while_, data_dir, tmp_path):
         wait_for(lambda: (out_dir / "log.jsonl").exists() and (out_dir / "log.jsonl").read_text().endswith("\n"),
                  process, timeout=60)
         process.send_signal(signal.SIGTERM)
-        assert next_line_with(err, "SIGTERM", timeout=10).startswith("SIGTERM: stopping after iteration 1 with its")
+        assert next_line_with(err, "SIGTERM", timeout=10).startswith("SIGTERM: stopping after the evaluation at "
+                                                                       "iteration 0 with its")
         process.send_signal(signal.SIGINT)  # after the acknowledgement: a second signal, not the same one twice
         assert process.wait(timeout=30) == 128 + signal.SIGINT
         assert next_line_with(err, "stopped", timeout=5) == "stopped at once by a second SIGINT\n"
@@ -886,7 +969,7 @@ class DeviceReads(TorchDispatchMode):
     """Counts the reads of device values by the host, the syncs a GPU would make, on a CPU.
 
     On a CPU no tensor is on a device, so this marks the ones that would be: the model's
-    parameters, the batches (data.get_batch's outputs) and everything computed from them
+    parameters, the batches (train.get_batch's outputs) and everything computed from them
     (any op with such an input). A read is an op that hands a device value to Python
     (item, bool(), float(), int() all end in aten._local_scalar_dense; equal and nonzero
     too), or tolist/numpy/cpu of a marked tensor; .cpu() gives an unmarked copy, so reading
@@ -900,8 +983,8 @@ class DeviceReads(TorchDispatchMode):
     def __init__(self, monkeypatch):
         super().__init__()
         self.on_device, self.reads = torch.utils.weak.WeakTensorKeyDictionary(), 0
-        get_batch = data.get_batch
-        monkeypatch.setattr(data, "get_batch", lambda *a, **kw: self.mark(get_batch(*a, **kw)))
+        get_batch = train.get_batch
+        monkeypatch.setattr(train, "get_batch", lambda *a, **kw: self.mark(get_batch(*a, **kw)))
         for name in ("tolist", "numpy"):
             monkeypatch.setattr(torch.Tensor, name, self.counted(getattr(torch.Tensor, name)))
         cpu = torch.Tensor.cpu  # a copy on a GPU, the same tensor on a CPU: copy it, unmarked
@@ -1025,7 +1108,7 @@ def test_accumulated_micro_steps_equal_one_large_batch(model_type, data_dir, tmp
 def test_accumulation_must_divide_the_world_size(data_dir, tmp_path):
     config = config_for(data_dir, tmp_path, gradient_accumulation_steps=3)
     with pytest.raises(ConfigError, match=r"gradient_accumulation_steps \(3\).*world size \(2\)"):
-        train.check_before_writing(config, world_size=2)
+        guards.check_before_writing(config, world_size=2)
 
 
 WORKER = """
