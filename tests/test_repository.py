@@ -57,3 +57,73 @@ def test_no_tracked_file_points_outside_the_repository(what, pattern):
             if pattern.search(line):
                 found.append(f"{name}:{line_no}: {line.strip()[:100]}")
     assert not found, f"{what}:\n" + "\n".join(found)
+
+
+# --------------------------------------------------------------------------------------
+# a minimal tutorial: the sizes a reader meets
+
+SKIPPABLE = "A reader of the tutorial may skip this file"  # in a module's docstring: off the reading path
+
+
+def lines_of(name):
+    with open(os.path.join(REPO, name), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def imported_modules(name):
+    """The project's modules that the file `name` imports (top-level files and lib/), at any depth."""
+    found = set()
+    for line in lines_of(name):
+        for module in re.findall(r"^(?:import ([\w, ]+)|from lib import ([\w, ]+)|from lib\.(\w+) import)", line):
+            for part in ",".join(module).replace(" as ", " ").split(","):
+                words = part.split()
+                if not words:
+                    continue
+                for path in (f"{words[0]}.py", f"lib/{words[0]}.py"):
+                    if (line.startswith("from lib") == path.startswith("lib/")) and os.path.isfile(os.path.join(REPO, path)):
+                        found.add(path)
+    return found
+
+
+def reading_path():
+    """train.py and every module it imports, at any depth, but the model files and the skippable ones."""
+    path, todo = {}, ["train.py"]
+    while todo:
+        name = todo.pop()
+        text = "\n".join(lines_of(name))
+        if name in path or os.path.basename(name).startswith("model_") or SKIPPABLE in " ".join(text.split('"""')[1].split()):
+            continue
+        path[name] = len(lines_of(name))
+        todo.extend(imported_modules(name))
+    return path
+
+
+def test_train_py_reads_like_nanogpts():
+    lines = lines_of("train.py")
+    assert len(lines) <= 350
+    assert sum(line.startswith(("def ", "class ")) for line in lines) <= 12  # top-level definitions
+    assert sum(bool(re.match(r"\s*(raise|assert)\b", line)) for line in lines) <= 4
+    start = next(i for i, line in enumerate(lines) if line.strip() == "while True:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent)
+    loop = [line for line in lines[start:end] if line.strip()]
+    assert len(loop) <= 45, f"the loop is {len(loop)} lines"
+    # the guards are lib/guards.py's: train.py handles no signal, lock, free space or hashing itself
+    code = "\n".join(lines).split('"""', 2)[2]  # after the docstring
+    assert not re.search(r"^import (signal|fcntl|hashlib|shutil)$|signal\.signal|disk_usage|flock|sha256_of|digest", code, re.M)
+
+
+def test_the_reading_path_is_short():
+    path = reading_path()
+    assert {"train.py", "configurator.py", "lib/settings.py", "lib/checkpoint.py"} <= set(path)
+    assert "lib/guards.py" not in path and sum(path.values()) <= 800, path
+    assert len(lines_of("configurator.py")) <= 120
+
+
+def test_the_top_level_shows_the_design():
+    entries = {name.split("/")[0] for name in tracked_files() if not name.startswith(".")}
+    assert len(entries) <= 22, sorted(entries)
+    design = {"model_baseline.py", "model_future_attn.py", "model_encdec.py", "train.py", "prepare_wikipedia.py",
+              "configurator.py", "sample.py", "README.md", "test_models.py", "config", "LICENSE"}
+    assert design <= entries
+    assert "python -m pytest -q" in "\n".join(lines_of("README.md")[:60])  # the test command on the first screen
