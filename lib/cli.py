@@ -253,12 +253,22 @@ def write_atomically(path, write, size=0):
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp_path)
-        if isinstance(e.__context__, (Stopped, KeyboardInterrupt)) and not isinstance(e, (Stopped, KeyboardInterrupt)):
-            raise e.__context__ from None  # a signal that stopped torch.save mid-write, which wrapped it in its own error
+        stop = stop_within(e)
+        if stop is not None and stop is not e:
+            raise stop from None  # the signal, not torch.save's error around it
         problem = write_problem(path, e, size) if isinstance(e, (OSError, RuntimeError)) else None
         if problem:
             raise UserError(problem) from None
         raise
+
+
+def stop_within(error):
+    """The Stopped or KeyboardInterrupt that a second signal raised, found along the chain of the
+    error it became: torch.save, interrupted inside a write, reports it as a RuntimeError of its own.
+    None for an error no signal caused."""
+    while error is not None and not isinstance(error, (Stopped, KeyboardInterrupt)):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def write_problem(path, error, size=0):

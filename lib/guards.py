@@ -386,9 +386,9 @@ def claim_out_dir(config):
 # reading a checkpoint back: whole, ours, and the model asked for
 
 
-def load_checkpoint(path, keys=checkpoint.MODEL_KEYS):
+def load_checkpoint(path, keys=checkpoint.MODEL_KEYS, mmap=False):
     """A checkpoint train.py wrote (on the CPU) holding `keys` (TRAINING_KEYS to resume from);
-    UserError saying what is wrong otherwise."""
+    UserError saying what is wrong otherwise. mmap=True maps its tensors instead of reading them."""
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         if os.path.isfile(os.path.join(folder, "log.jsonl")):
@@ -397,7 +397,7 @@ def load_checkpoint(path, keys=checkpoint.MODEL_KEYS):
         raise UserError(f"no checkpoint at {path} — train one first (python train.py CONFIG --out_dir={folder})")
     check_crc(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # a damaged or foreign file; torch's own advice (weights_only=False) would run its code
         reason = "not a complete torch file" if isinstance(e, RuntimeError) else "it holds objects train.py never saves"
         raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged ({reason}): "
@@ -436,14 +436,7 @@ def check_crc(path):
 def saved_iteration(path):
     """The iteration of a checkpoint, read without loading its tensors into memory (study.py
     reads it for every run folder); the UserError of load_checkpoint for a file it cannot read."""
-    check_crc(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        state = None
-    if not isinstance(state, dict) or "iter_num" not in state:
-        load_checkpoint(path, checkpoint.TRAINING_KEYS)  # raises the UserError that says why
-    return state["iter_num"]
+    return load_checkpoint(path, checkpoint.TRAINING_KEYS, mmap=True)["iter_num"]
 
 
 def check_resume(saved, config, model_args):

@@ -225,3 +225,12 @@ def test_an_unknown_gpu_gets_no_mfu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
     assert machine.peak_flops("cuda") is None
     assert "no bf16 peak known for NVIDIA GeForce RTX 4090, so MFU is not reported" in capsys.readouterr().out
+
+
+def test_a_model_setting_a_flag_makes_impossible_names_the_config_file(tmp_path, capsys):
+    # a config that sets end_layer, then a flag that shrinks the model below it: the error says which file
+    config = tmp_path / "deep.py"
+    config.write_text("model_type = 'future_attn'\nn_layer = 6\nend_layer = 6\n")
+    assert train.main([str(config), "--n_layer=2", "--device=cpu"]) == 2
+    err = last_error(capsys)
+    assert err.startswith(f"error: {config}: ") and "end_layer" in err and err.count("\n") == 1
