@@ -197,7 +197,7 @@ def train(config):
                                         tokens_per_step=accum_steps * config["batch_size"] * config["block_size"])
 
         def save_latest(rng):  # ckpt.pt: everything a resumed run needs (rank 0 writes it)
-            if master:
+            if master and not launch.diverging:  # a diverging run's ckpt.pt keeps its last good state
                 launch.save(ckpt_path, checkpoint.training_state(
                     config, model_args, raw_model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter,
                     launch.data_identity, launch.first_val_loss))
@@ -219,12 +219,11 @@ def train(config):
                         # checkpoint, and the resumed launch's records replace this one (report.read_log)
                         logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
                                         best_val_loss=best_val_loss, best=improved))
-                        keep = launch.check_evaluation(iter_num, losses, best_val_loss, raw_model, optimizer)
+                        launch.check_evaluation(iter_num, losses, best_val_loss, raw_model, optimizer)
                         if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
                             launch.save(best_path, checkpoint.model_state(config, model_args, raw_model, iter_num,
                                                                           best_val_loss, launch.data_identity))
-                        if keep:  # not a state far above the best: a diverging run keeps its last good one
-                            save_latest(rng)
+                        save_latest(rng)
                 t_last, timed_iters = time.time(), 0  # timings leave out evaluation
                 if iter_num < config["max_iters"]:
                     launch.stop_if_requested(iter_num)  # a signal during the evaluation stops here, saved
@@ -302,7 +301,7 @@ def main(argv):
     if configurator.wants_help(argv):
         print(settings.usage(__doc__, argv))
         return 0
-    train(settings.get_config(argv))
+    train(settings.get_config(argv, check_model=True))
     return 0
 
 

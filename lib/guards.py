@@ -170,9 +170,9 @@ class Launch:
 
     def check_evaluation(self, iter_num, losses, best_val_loss, model, optimizer):
         """Before the state of an evaluation is saved: non-finite losses or values stop the run; a val
-        loss above the run's first evaluation's (the untrained model's) gets a warning. Returns whether
-        ckpt.pt should take this state: not when its val loss is DIVERGED_NATS or more above the best,
-        which leaves ckpt.pt with the last state a resume can continue from."""
+        loss above the run's first evaluation's (the untrained model's) gets a warning. A val loss
+        DIVERGED_NATS or more above the best marks the run as diverging (launch.diverging): ckpt.pt
+        then keeps the last state a resume can continue from, and a warning says so."""
         if not all(math.isfinite(loss) for loss in losses.values()):
             self.diverged(f"non-finite losses at the evaluation of iteration {iter_num} (train {losses['train']}, "
                           f"val {losses['val']})")
@@ -190,9 +190,8 @@ class Launch:
             print(f"warning: not saving {self.ckpt_path} at iteration {iter_num}: its val loss {val_loss:.4f} is "
                   f"{DIVERGED_NATS:g} or more above the run's best, {best_val_loss:.4f}; it keeps "
                   f"{good_state(*self.last_good)}, the state to resume with a lower learning rate", file=sys.stderr)
-            return False
-        self.last_good, self.diverging = (iter_num, val_loss), False
-        return True
+        else:
+            self.last_good, self.diverging = (iter_num, val_loss), False
 
     def diverged(self, what):
         """Stops a run that diverged: what was not finite, which saved state to resume, and the command
@@ -223,9 +222,9 @@ class Launch:
         return f"{signal.Signals(signum).name}: stopping after {self.under_way} with its state saved; {cli.again(signum)}"
 
     def stop_if_requested(self, iter_num, save=None):
-        """After a signal to any process, every process stops here, after the same step: save() (rank
-        0's; None when the state was just saved) writes ckpt.pt, then cli.Stopped ends the run with the
-        command that continues it."""
+        """After a signal to any process, every process stops here, after the same step: save() (on
+        every process; None when the state was just saved) writes ckpt.pt, then cli.Stopped ends the
+        run with the command that continues it."""
         signum = self.stop.signum
         if self.ddp:
             flag = torch.tensor([signum or 0], device=self.device)
@@ -233,7 +232,7 @@ class Launch:
             signum = flag.item() or None
         if not signum:
             return
-        if save and not self.diverging:
+        if save:
             save()
         saved = f"saved {self.ckpt_path}"
         if self.diverging:  # the state since the last good one diverged: ckpt.pt keeps that one

@@ -81,9 +81,10 @@ def default_config(model_type):
     return config
 
 
-def get_config(argv, script_keys=()):
+def get_config(argv, script_keys=(), check_model=False):
     """The config dict for `[config_file.py ...] [--key=value ...]`; script_keys, the calling
-    script's own keys, are left to it (configurator.merge)."""
+    script's own keys, are left to it (configurator.merge). check_model: the model's fields must
+    make a model (train.py's; check_causal.py shrinks a config first)."""
     files, overrides = configurator.parse(argv)
     # the valid keys depend on the model, so find model_type first: flag, then file, then default
     model_type = files.get("model_type", DEFAULTS["model_type"])
@@ -92,7 +93,8 @@ def get_config(argv, script_keys=()):
     config = configurator.merge(default_config(model_type), files, overrides, script_keys)
     machine.check_settings(config, DTYPES)  # values that would fail mid-run, and the device
     try:
-        model_args_of(config)  # the model's own checks (its GPTConfig), naming the config files they read
+        if check_model:  # the model's own checks (its GPTConfig), naming the config files they read
+            model_args_of(config)
     except ConfigError as e:
         paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
         raise ConfigError(f"{', '.join(paths)}: {e}" if paths else str(e)) from None
