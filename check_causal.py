@@ -305,8 +305,9 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
 
     def as_leaf(module, inputs, output):  # the token embeddings become a leaf we can differentiate by
         if not isinstance(output, torch.Tensor) or output.shape[:2] != idx.shape:
-            raise CheckError(f"the token embedding's output must be a tensor (B, T, ...) of shape {tuple(idx.shape)} "
-                             f"first; name the module that embeds the tokens with --embedding=ATTR.PATH")
+            raise CheckError(f"the token embedding {type(module).__name__} returned {described(output)}, not "
+                             f"embeddings (B, T, ...) of the ids {tuple(idx.shape)}; name the module that embeds the "
+                             f"tokens with --embedding=ATTR.PATH")
         captured.append(output.detach().requires_grad_())
         return captured[-1]
 
@@ -331,8 +332,8 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
         # every call of the embedding counts (a model may embed twice); one it does not use has no gradient
         grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured, retain_graph=i < checked[-1],
                                     allow_unused=True)
-        per_position = torch.stack([grad.abs().flatten(2).amax(dim=(0, 2)) for grad in grads if grad is not None]
-                                   or [torch.zeros(T, dtype=logits.dtype)]).amax(0)  # (T,)
+        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2)) for grad in grads if grad is not None),
+                           torch.zeros(T, dtype=logits.dtype))  # (T,)
         own = per_position[:i + 1].max().item()
         if own == 0.0:
             raise CheckError(f"the logits at position {i} have no gradient from any token embedding "
@@ -606,8 +607,8 @@ def load_factory(spec):
         module = import_module_or_file(module_name)
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        own = [name for name, value in vars(module).items()
-               if callable(value) and getattr(value, "__module__", None) == module.__name__ and not name.startswith("_")]
+        own = [name for name, value in vars(module).items() if not name.startswith("_")
+               and callable(value) and getattr(value, "__module__", None) == module.__name__]
         raise ConfigError(f"{module_name} has no function {factory_name}"
                           + (f"; it defines {', '.join(own)}" if own else ""))
     return factory
@@ -672,8 +673,8 @@ def read_model(spec, options, log=print):
         f"checked at its own sizes")
     block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
     if block_size is None:
-        raise CheckError(f"{spec}: cannot tell the model's length: no config.{', '.join(LENGTH_NAMES)} in "
-                         f"the model or its config; give it with --block_size=T")
+        raise CheckError(f"{spec}: cannot tell the model's length: none of {', '.join(LENGTH_NAMES)} in its "
+                         f"config or on the model; give it with --block_size=T")
     if block_size < 2:
         raise ConfigError(f"block_size must be at least 2 for a position to have a future, got {block_size}")
     checked = FactoryModel(model).double()

@@ -4,7 +4,11 @@ forward pass, and it catches leaks planted here, in copies of the models' attent
 only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over the queries, a causal mask
 one key too wide, a cross-attention without its mask, a future-attention band that reads
 the real keys, computed future keys built from the next token instead of the query's own,
-a training path that peeks at the targets, a path behind a zero-initialized bias.
+a training path that peeks at the targets, a path behind a zero-initialized bias. With
+--model=MODULE:FACTORY it reads models of the test's own, and through the command line it
+passes HF transformers' GPT-2 and Llama and x-transformers' decoder and catches BERT, an
+x-transformers encoder, an unmasked torch.nn.TransformerEncoder and the blog post's bug
+(those libraries' tests skip when they are not installed).
 Run: python -m pytest -q test_check_causal.py
 
     python test_check_causal.py     # the checker and the probe on the blog post's bug
@@ -481,7 +485,8 @@ def test_a_leak_is_named_where_it_starts_whatever_the_output(own_models, capsys)
     assert check_causal.main([f"--model={models}"]) == 1
     out = capsys.readouterr().out
     leaks = [line for line in out.splitlines() if line.startswith("LEAK")]
-    assert leaks == ["LEAK: logits at position 3 change by 0.25 when the token at position 5 changes (eval mode, T=8)"] * 3
+    leak = "LEAK: logits at position 3 change by 0.25 when the token at position 5 changes (eval mode, T=8)"
+    assert leaks == [leak] * 3
     assert out.rstrip().endswith(f"0 of 3 models causal; not causal: {models.replace(',', ', ')}")
 
 
@@ -535,8 +540,9 @@ def test_a_dotted_module_is_imported_from_the_current_directory(own_models, caps
     (["--model=nowhere.models:tiny"], "error: no module nowhere.models from "),
     (["--model=own_models.py:tiny"], "error: own_models.py has no function tiny; it defines Tiny, causal, gated, "),
     (["--model=own_models.py:broken"], "error: broken() failed: RuntimeError: no weights here ("),
-    (["--model=own_models.py:not_a_model"], "error: own_models.py:not_a_model: expected the factory to return a "
-                                            "torch.nn.Module that maps token ids (B, T) to logits (B, T, vocab), got a str"),
+    (["--model=own_models.py:not_a_model"], "error: own_models.py:not_a_model: expected the factory to return "
+                                            "a torch.nn.Module that maps token ids (B, T) to logits (B, T, vocab), "
+                                            "got a str"),
     (["--model=own_models.py:last_only"], "error: expected logits (1, 8, vocab) at every position for token ids "
                                           "(1, 8): a tensor, a tuple or list that starts with one, or an object with "
                                           ".logits; the model returned a tensor of shape (1, 1, 64)"),
@@ -544,7 +550,8 @@ def test_a_dotted_module_is_imported_from_the_current_directory(own_models, caps
                                                "get_input_embeddings() and 2 nn.Embedding of 64 rows (its nn.Embedding "
                                                "modules: embed, spare); name the module whose output is the token "
                                                "embeddings with --embedding=ATTR.PATH"),
-    (["--model=own_models.py:causal", "--embedding=head.weight"], "error: --embedding=head.weight: the model has no module"),
+    (["--model=own_models.py:causal", "--embedding=head.weight"],
+     "error: --embedding=head.weight: the model has no module"),
     (["--model=own_models.py:causal", "--block_size=1"], "error: block_size must be at least 2"),
     (["--model=own_models.py:causal", "--probe"], "error: the probe's 16 digits 0..9 need block_size >= 16"),
     (["--model=own_models.py:causal", "config/baseline.py"], "error: --model checks the model its factory builds: "
