@@ -729,15 +729,15 @@ def check_models(argv):
     which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
     weights = "the model's own weights" if options["keep_weights"] else "random weights (every parameter)"
     print(f"float64 on the CPU, {weights}, batch {options['batch']}, {which}, seed {options['seed']}")
-    failed = []
+    failed, threads = [], torch.get_num_threads()
     for spec in specs:
         factory, model, vocab_size, block_size, embedding = read_model(spec, options)
         n, V = options["probe_length"], options["probe_vocab"]
         if options["probe"] and (n > block_size or V > vocab_size):
             raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and vocab_size >= {V}; "
                               f"the model has {block_size} and {vocab_size}: lower --probe_length or --probe_vocab")
-        if sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW:
-            torch.set_num_threads(1)  # tensors this small keep one core busy; more threads only wait
+        # tensors this small keep one core busy; more threads only wait
+        torch.set_num_threads(1 if sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW else threads)
         t0 = time.perf_counter()
         with blamed_on_the_model(f"{spec}: a forward or backward of the checks"):
             leak = check_settings(model, settings_of(None, block_size), vocab_size, embedding,
