@@ -43,6 +43,7 @@ import os
 import re
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -67,8 +68,9 @@ BENCH_DEFAULTS = dict(
     profile=0,  # steps to trace with torch.profiler after the warm-up (a bare --profile: 5)
     profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
     memory=False,  # the peak tensor memory of one step after the warm-up, from torch.profiler's allocation records
+    causal="",  # e.g. 'my_models.py:gpt2,my_models.py:bert': seconds of `check_causal.py --model=` per model
 )
-MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory")  # at most one per run
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal")  # at most one per run
 SWITCHES = dict(compare=True, explain=True, profile=5, memory=True)  # a bare --compare means --compare=True, --profile 5 steps
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
@@ -379,12 +381,33 @@ def profile(run, bench):
         print(f"  trace written to {bench['profile_trace']} (open it in chrome://tracing or ui.perfetto.dev)")
 
 
+def causal_seconds(models):
+    """For each MODULE:FACTORY of a comma list, `python check_causal.py --model=MODULE:FACTORY` in
+    a fresh process, as a CI job runs it: its wall seconds, its CPU seconds (user + system, the
+    steadier number on a busy machine), the part the exact checks took (the rest is starting
+    Python and importing torch and the model's library) and the verdict."""
+    check_causal = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_causal.py")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; each model checked in a fresh process")
+    print(f"{'model':40s} {'wall s':>7s} {'CPU s':>6s} {'checks s':>8s}  verdict")
+    for spec in models.split(","):
+        before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        done = subprocess.run([sys.executable, check_causal, f"--model={spec}"], capture_output=True, text=True)
+        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        checks = re.search(r"\[the checks: ([\d.]+) s\]", done.stdout)  # a leak ends the checks early: no total
+        verdict = {0: "causal", 1: "leak"}.get(done.returncode) or (done.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"{spec:40s} {wall:7.1f} {cpu:6.1f} {checks.group(1) if checks else '-':>8s}  {verdict}")
+    return 0
+
+
 @cli.main
 def main(argv):
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
         return 0
     bench, runs = parse_args(argv)
+    if bench["causal"]:
+        return causal_seconds(bench["causal"])
     device = runs[0][1]["device"]
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -26,14 +26,40 @@ digit n-1-t. A causal model learns the positions whose digit it has already seen
 second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
 reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
 2 a bad setting.
+
+Any PyTorch language model, not only ours: --model=MODULE:FACTORY, where MODULE is a .py
+file or a dotted import path (from the current directory) and FACTORY a function of no
+arguments that returns an nn.Module mapping token ids (B, T) to logits (B, T, vocab): a
+tensor, a tuple or list that starts with one, or an object with .logits (HF's ModelOutput).
+
+    python check_causal.py --model=my_models.py:tiny_gpt2              # HF, x-transformers, your own
+    python check_causal.py --model=my_models.py:gpt2,my_models.py:bert # several, in one process
+    python check_causal.py --model=mypackage.models:build --block_size=64 --probe
+
+The model is checked as the factory builds it, at its own sizes (16 positions spread over T;
+--positions=0 for every one), with the same two exact checks in eval and train mode and the
+same probe (on a fresh model from the factory, at its own init). The vocabulary and the length
+come from --vocab_size and --block_size, else from the model (config.vocab_size; config.n_positions,
+max_position_embeddings, block_size or max_seq_len, in its config or on itself), the vocabulary
+else from the logits' size. The token embeddings, for the gradient check, are the model's
+get_input_embeddings() (HF's way), else its one nn.Embedding with a row per token, else the
+module --embedding=ATTR.PATH names. In train mode every forward starts from the same random
+state, so dropout draws the same masks and the checks stay exact. Exit status 2 also means a
+model the tool cannot read; the message says what it expected.
 """
 
+import contextlib
 import dataclasses
+import importlib
+import importlib.util
 import math
+import os
 import sys
 import time
+import traceback
 
 import torch
+from torch.nn import functional as F
 
 import configurator
 from lib import cli, settings
@@ -51,13 +77,26 @@ CHECK_DEFAULTS = dict(
     probe_batch=128,  # sequences per probe step (the notebook's: 128)
     probe_lr=4e-3,  # probe learning rate, AdamW without weight decay (the notebook's: Adam, 4e-3)
 )
-SWITCHES = dict(full_size=True, probe=True)  # `--probe` alone means --probe=True
+# with --model=MODULE:FACTORY: the model comes from the factory, at its own sizes
+MODEL_DEFAULTS = dict(
+    model="",  # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks each
+    vocab_size=0,  # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
+    block_size=0,  # T of the checks (and a shorter T); 0 = the model's config.n_positions, max_position_embeddings, ...
+    embedding="",  # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
+    keep_weights=False,  # check the model's own weights, not weights drawn afresh
+    seed=1337,  # the random weights, tokens and dropout masks
+    **{key: value for key, value in CHECK_DEFAULTS.items() if key != "full_size"},  # always at the model's own size
+)
+MODEL_DEFAULTS["positions"] = 16  # as --full_size: a forward and a backward per position at the model's own size
+SWITCHES = dict(full_size=True, probe=True, keep_weights=True)  # `--probe` alone means --probe=True
+LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")  # where models say their T
 
 CHECK_WIDTH = 48  # n_embd of the shrunk model: the nearest multiple of the head counts
 CHECK_BLOCK_SIZE = 24
 CHECK_VOCAB = 64
 CHECK_LAYERS = 2  # per stack; future attention keeps its baseline layers before and after
 TOLERANCE = 1e-9  # float64: a causal model changes nothing; rounding would be ~1e-15
+ONE_THREAD_BELOW = 1_000_000  # parameters of a --model below which one thread runs the checks fastest
 PROBE_EVAL = 1024  # fresh sequences the probe's accuracy is measured on
 PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
 
@@ -78,13 +117,17 @@ def parse_args(argv):
     own = {k: v for k, v in overrides.items() if k in CHECK_DEFAULTS}
     check = configurator.merge(CHECK_DEFAULTS, {}, own)
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
-    for key, least in (("batch", 1), ("probe_length", 2), ("probe_vocab", 2), ("probe_batch", 1)):
-        if check[key] < least:
-            raise ConfigError(f"{key} must be at least {least}, got {check[key]}")
+    check_least(check)
     # the config file alone (with the flags' model_type): what "original → checked" reports
     original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
     config = settings.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
+
+
+def check_least(options):
+    for key, least in (("batch", 1), ("probe_length", 2), ("probe_vocab", 2), ("probe_batch", 1)):
+        if options[key] < least:
+            raise ConfigError(f"{key} must be at least {least}, got {options[key]}")
 
 
 def shrunk_sizes(original, config, fixed, block_size, vocab_size):
@@ -177,6 +220,8 @@ class Leak:
 class CheckError(UserError):
     """The check could not see what it must see (a model it does not know how to read)."""
 
+    status = 2
+
 
 def randomize(model, generator):
     """Every parameter drawn afresh: N(0, 1/fan_in) matrices, N(0, 1) vectors (biases, gains).
@@ -203,6 +248,9 @@ def logits_of(model, idx, targets):
     Reseeds first, so that a model with dropout draws the same masks in every call."""
     torch.manual_seed(0)
     logits, _, _ = model(idx, targets)
+    if not torch.isfinite(logits).all():  # NaN compares as no change: it would pass any check
+        raise CheckError("the logits are not all finite, so no change in them can be measured (with --model, "
+                         "--keep_weights=True keeps the model's own weights)")
     return logits
 
 
@@ -246,34 +294,46 @@ def perturbation_check(model, idx, targets, vocab_size, setting, positions=0):
     return None, worst_earlier, least_own
 
 
-def gradient_check(model, idx, targets, setting, positions=0):
+def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
     """For each position i, the gradient of the logits at i (in a random direction, so that
     nothing cancels) with respect to the token embeddings wte(idx): zero after i.
-    `positions` > 0 takes that many i, spread over 0..T-1.
+    `positions` > 0 takes that many i, spread over 0..T-1. `embedding` is the module whose
+    output is the token embeddings (B, T, ...); ours is model.transformer.wte.
 
     Returns (the first leak or None, the largest gradient found after a position)."""
-    captured = {}
+    captured = []
 
     def as_leaf(module, inputs, output):  # the token embeddings become a leaf we can differentiate by
-        captured["emb"] = output.detach().requires_grad_()
-        return captured["emb"]
+        if not isinstance(output, torch.Tensor) or output.shape[:2] != idx.shape:
+            raise CheckError(f"the token embedding {type(module).__name__} returned {described(output)}, not "
+                             f"embeddings (B, T, ...) of the ids {tuple(idx.shape)}; name the module that embeds the "
+                             f"tokens with --embedding=ATTR.PATH")
+        captured.append(output.detach().requires_grad_())
+        return captured[-1]
 
-    if not hasattr(model, "transformer") or "wte" not in model.transformer:
-        raise CheckError("the gradient check needs the token embedding at model.transformer.wte")
-    hook = model.transformer.wte.register_forward_hook(as_leaf)
+    if embedding is None:
+        if not hasattr(model, "transformer") or "wte" not in model.transformer:
+            raise CheckError("the gradient check needs the token embedding at model.transformer.wte")
+        embedding = model.transformer.wte
+    hook = embedding.register_forward_hook(as_leaf)
     try:
         logits = logits_of(model, idx, targets)
     finally:
         hook.remove()
-    emb = captured["emb"]
+    if not captured:
+        raise CheckError(f"the token embedding was not called in the forward ({setting}); name the module "
+                         f"that embeds the tokens with --embedding=ATTR.PATH")
     T = idx.size(1)
     g = torch.Generator().manual_seed(1)
     worst = 0.0
     checked = spread(positions, 0, T - 1)
     for i in checked:
         direction = torch.randn(logits[:, i].shape, generator=g, dtype=logits.dtype)
-        grad, = torch.autograd.grad((logits[:, i] * direction).sum(), emb, retain_graph=i < checked[-1])
-        per_position = grad.abs().amax(dim=(0, 2))  # (T,)
+        # every call of the embedding counts (a model may embed twice); one it does not use has no gradient
+        grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured, retain_graph=i < checked[-1],
+                                    allow_unused=True)
+        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2)) for grad in grads if grad is not None),
+                           torch.zeros(T, dtype=logits.dtype))  # (T,)
         own = per_position[:i + 1].max().item()
         if own == 0.0:
             raise CheckError(f"the logits at position {i} have no gradient from any token embedding "
@@ -302,9 +362,15 @@ def settings_of(model_type, block_size, future_kv="learned"):
 def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     """Runs every exact check; returns the first leak or None. Prints one line per setting."""
     model = build(model_type, model_args, seed)
+    runs = settings_of(model_type, model_args["block_size"], model_args.get("future_kv", "learned"))
+    return check_settings(model, runs, model_args["vocab_size"], batch=batch, positions=positions, seed=seed, log=log)
+
+
+def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0, seed=0, log=print):
+    """The exact checks of model, one (mode, T, impl) of settings_of after another; returns
+    the first leak or None."""
     g = torch.Generator().manual_seed(seed)
-    vocab_size, C = model_args["vocab_size"], model_args["block_size"]
-    for mode, T, impl in settings_of(model_type, C, model_args.get("future_kv", "learned")):
+    for mode, T, impl in runs:
         if impl:
             model.set_impl(impl)
         setting = f"{mode} mode, T={T}" + (f", impl={impl}" if impl else "")
@@ -321,7 +387,7 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
             log(f"  {setting:36s} skipped: the model refuses it ({str(e).splitlines()[0]})")
             continue
         if leak is None:
-            leak, grad_after = gradient_check(model, idx, targets, setting, positions)
+            leak, grad_after = gradient_check(model, idx, targets, setting, positions, embedding)
         if leak:
             log(f"  {setting:36s} leaks ({leak.how} check)")
             return leak
@@ -366,10 +432,16 @@ def above_chance(accuracy, samples, chance):
 
 def probe(model_type, model_args, options, seed=0, log=print):
     """Trains on the reversal task; returns a dict of accuracies and the verdict."""
-    n, V = options["probe_length"], options["probe_vocab"]
     torch.manual_seed(seed)
     model = settings.build_model(model_type, model_args)  # its own init, float32: a real training run
     optimizer = model.configure_optimizers(0.0, options["probe_lr"], (0.9, 0.98), "cpu")
+    return train_probe(model, optimizer, options, seed=seed, log=log)
+
+
+def train_probe(model, optimizer, options, seed=0, log=print):
+    """Trains model, whose forward(idx, targets) returns (logits, loss, aux), on the reversal
+    task; returns a dict of accuracies and the verdict."""
+    n, V = options["probe_length"], options["probe_vocab"]
     g = torch.Generator().manual_seed(seed)
     eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, torch.Generator().manual_seed(seed + 1))
     model.train()
@@ -426,6 +498,269 @@ def report_probe(result, V, log=print):
 
 
 # --------------------------------------------------------------------------------------
+# any PyTorch model: --model=MODULE:FACTORY
+
+
+class FactoryModel(torch.nn.Module):
+    """A factory's model behind our models' interface, forward(idx, targets) -> (logits, loss, aux),
+    so that the checks and the probe take either. The model sees the token ids only; the loss
+    (cross-entropy to the targets) is the probe's."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets=None):
+        logits = read_logits(self.model(idx), idx)
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss, {}
+
+
+def read_logits(output, idx):
+    """The logits (B, T, vocab) in a model's output: output.logits (HF's ModelOutput), the first
+    element of a tuple or list, or the output itself."""
+    if hasattr(output, "logits"):
+        logits = output.logits
+    elif isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    else:
+        logits = output
+    if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == idx.shape:
+        return logits
+    B, T = idx.shape
+    raise CheckError(f"expected logits ({B}, {T}, vocab) at every position for token ids ({B}, {T}): a tensor, "
+                     f"a tuple or list that starts with one, or an object with .logits; the model returned "
+                     f"{described(output)}")
+
+
+def described(output):
+    """What a model returned, in words: 'a tuple whose first element is a tensor of shape (2, 1, 65)'."""
+    if isinstance(output, torch.Tensor):
+        return f"a tensor of shape {tuple(output.shape)}"
+    if hasattr(output, "logits"):
+        return f"a {type(output).__name__} whose .logits is {described(output.logits)}"
+    if isinstance(output, (tuple, list)):
+        return f"a {type(output).__name__} whose first element is {described(output[0])}" if output else "an empty one"
+    return f"a {type(output).__name__}"
+
+
+@contextlib.contextmanager
+def blamed_on_the_model(doing):
+    """An error in the user's code (importing it, the factory, a forward) becomes one line that
+    says what failed and where, with exit status 2."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        text = (e.msg if isinstance(e, SyntaxError) else str(e)).strip()  # a SyntaxError's str() repeats where
+        message = text.splitlines()[0] if text else ""
+        raise CheckError(f"{doing} failed: {type(e).__name__}{': ' + message if message else ''} ({where(e)})") from e
+
+
+def where(error):
+    """'file, line N' of the innermost frame of error outside Python's and the libraries' code
+    (in the user's file, usually), else of the innermost frame."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}, line {error.lineno}"
+    libraries = ("<", os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(torch.__file__)), __file__)
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not frame.filename.startswith(libraries)]
+    frame = (own or frames)[-1]
+    return f"{frame.filename}, line {frame.lineno}"
+
+
+def import_module_or_file(name):
+    """The module `name`: a .py file (its folder on sys.path, as `python FILE` puts it) or a
+    dotted import path, found from the current directory first, as `python -m` finds it."""
+    if not (name.endswith(".py") or os.sep in name):
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                raise ConfigError(f"no module {name} from {os.getcwd()} or sys.path: MODULE is a dotted import "
+                                  f"path (mypackage.models) or a .py file (path/to/my_models.py)") from None
+            raise
+    if not os.path.isfile(name):
+        raise ConfigError(f"no file {name}: MODULE is a .py file (path/to/my_models.py) or a dotted import path")
+    path = os.path.abspath(name)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    loaded = sys.modules.get(stem)
+    if getattr(loaded, "__file__", None) == path:  # a second factory of the same file
+        return loaded
+    if os.path.dirname(path) not in sys.path:
+        sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(stem, path)
+    module = importlib.util.module_from_spec(spec)
+    if loaded is None:
+        sys.modules[stem] = module  # what dataclasses and pickle look classes up in
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_factory(spec):
+    """The function that `spec`, MODULE:FACTORY, names."""
+    module_name, _, factory_name = spec.rpartition(":")
+    with blamed_on_the_model(f"importing {module_name}"):
+        module = import_module_or_file(module_name)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        own = [name for name, value in vars(module).items() if not name.startswith("_")
+               and callable(value) and getattr(value, "__module__", None) == module.__name__]
+        raise ConfigError(f"{module_name} has no function {factory_name}"
+                          + (f"; it defines {', '.join(own)}" if own else ""))
+    return factory
+
+
+def build_from(spec, factory, seed):
+    """The nn.Module factory() returns, its own init drawn from seed."""
+    torch.manual_seed(seed)
+    with blamed_on_the_model(f"{spec.rpartition(':')[2]}()"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise CheckError(f"{spec}: expected the factory to return a torch.nn.Module that maps token ids (B, T) "
+                         f"to logits (B, T, vocab), got {described(model)}")
+    return model
+
+
+def size_of(model, names, given, flag):
+    """(a size, where it was found): the flag's value when given, else the first of names in
+    model.config (an object or a dict) or on the model itself; (None, None) when none says it."""
+    if given:
+        return given, f"--{flag}"
+    config = getattr(model, "config", None)
+    for owner, prefix in ((config, "config."), (model, "")):
+        for name in names:
+            value = owner.get(name) if isinstance(owner, dict) else getattr(owner, name, None)
+            if type(value) is int and value > 0:
+                return value, prefix + name
+    return None, None
+
+
+def token_embedding(model, vocab_size, path):
+    """(the module whose output is the token embeddings, how it was found): --embedding's path,
+    else get_input_embeddings() (HF's way), else the one nn.Embedding with vocab_size rows."""
+    names = {module: name for name, module in model.named_modules()}
+    embeddings = [name for module, name in names.items() if isinstance(module, torch.nn.Embedding)]
+    listed = f"its nn.Embedding modules: {', '.join(embeddings)}" if embeddings else "it has no nn.Embedding"
+    if path:
+        try:
+            return model.get_submodule(path), f"--embedding={path}"
+        except AttributeError:
+            raise ConfigError(f"--embedding={path}: the model has no module {path}; {listed}") from None
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(get_input_embeddings):
+        with contextlib.suppress(NotImplementedError):
+            module = get_input_embeddings()
+            if module in names:
+                return module, f"{names[module]}, its get_input_embeddings()"
+    rows = [name for name in embeddings if model.get_submodule(name).num_embeddings == vocab_size]
+    if len(rows) == 1:
+        return model.get_submodule(rows[0]), f"{rows[0]}, the one nn.Embedding of {vocab_size} rows"
+    raise CheckError(f"cannot tell which module embeds the tokens: no get_input_embeddings() and "
+                     f"{len(rows) or 'no'} nn.Embedding of {vocab_size} rows ({listed}); name the module whose "
+                     f"output is the token embeddings with --embedding=ATTR.PATH")
+
+
+def read_model(spec, options, log=print):
+    """(factory, the model ready for the checks, vocab_size, block_size, token embedding module)
+    for spec, MODULE:FACTORY; logs how each was found."""
+    factory = load_factory(spec)
+    model = build_from(spec, factory, options["seed"])
+    log(f"{spec}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"checked at its own sizes")
+    block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
+    if block_size is None:
+        raise CheckError(f"{spec}: cannot tell the model's length: none of {', '.join(LENGTH_NAMES)} in its "
+                         f"config or on the model; give it with --block_size=T")
+    if block_size < 2:
+        raise ConfigError(f"block_size must be at least 2 for a position to have a future, got {block_size}")
+    checked = FactoryModel(model).double()
+    if not options["keep_weights"]:
+        randomize(checked, torch.Generator().manual_seed(options["seed"]))
+    vocab_size, vocab_from = size_of(model, ("vocab_size",), options["vocab_size"], "vocab_size")
+    with blamed_on_the_model(f"{spec}: the forward of token ids (1, {block_size})"):
+        logits = logits_of(checked.eval(), torch.zeros(1, block_size, dtype=torch.long), None)
+    if vocab_size is None:
+        vocab_size, vocab_from = logits.size(-1), "the logits' last dimension"
+    embedding, embedding_from = token_embedding(model, vocab_size, options["embedding"])
+    log(f"  vocab_size {vocab_size} from {vocab_from}; block_size {block_size} from {length_from}; "
+        f"token embeddings from {embedding_from}")
+    return factory, checked, vocab_size, block_size, embedding
+
+
+def probe_factory(spec, factory, options, log=print):
+    """The reversal probe on a fresh model from factory, at its own init, float32."""
+    model = FactoryModel(build_from(spec, factory, options["seed"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options["probe_lr"], betas=(0.9, 0.98), weight_decay=0.0)
+    with blamed_on_the_model(f"{spec}: the probe"):
+        return train_probe(model, optimizer, options, seed=options["seed"], log=log)
+
+
+def parse_model_args(argv):
+    """The settings of `--model=MODULE:FACTORY[,...] [--key=value ...]`."""
+    argv = configurator.normalize(argv, SWITCHES)
+    files = [a for a in argv if not a.startswith("--")]
+    if files:
+        raise ConfigError(f"--model checks the model its factory builds: give no config file ({files[0]}) with it")
+    _, overrides = configurator.parse(argv)
+    if "full_size" in overrides:
+        raise ConfigError("--model checks the model at its own sizes already: drop --full_size (--positions sets "
+                          "how many positions are changed)")
+    options = configurator.merge(MODEL_DEFAULTS, {}, overrides)
+    check_least(options)
+    for key in ("vocab_size", "block_size", "positions"):
+        if options[key] < 0:
+            raise ConfigError(f"{key} must be 0 or more, got {options[key]}")
+    for spec in options["model"].split(","):
+        module_name, _, factory_name = spec.rpartition(":")
+        if not module_name or not factory_name:
+            raise ConfigError(f"--model={spec}: write MODULE:FACTORY, e.g. --model=my_models.py:tiny_gpt2 or "
+                              f"--model=mypackage.models:build")
+    return options
+
+
+def check_models(argv):
+    """The exact checks (and the probe) of each model of --model; exit status 0, 1 or 2."""
+    options = parse_model_args(argv)
+    specs = options["model"].split(",")
+    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
+    weights = "the model's own weights" if options["keep_weights"] else "random weights (every parameter)"
+    print(f"float64 on the CPU, {weights}, batch {options['batch']}, {which}, seed {options['seed']}")
+    failed, threads = [], torch.get_num_threads()
+    for spec in specs:
+        factory, model, vocab_size, block_size, embedding = read_model(spec, options)
+        n, V = options["probe_length"], options["probe_vocab"]
+        if options["probe"] and (n > block_size or V > vocab_size):
+            raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and vocab_size >= {V}; "
+                              f"the model has {block_size} and {vocab_size}: lower --probe_length or --probe_vocab")
+        # tensors this small keep one core busy; more threads only wait
+        torch.set_num_threads(1 if sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW else threads)
+        t0 = time.perf_counter()
+        with blamed_on_the_model(f"{spec}: a forward or backward of the checks"):
+            leak = check_settings(model, settings_of(None, block_size), vocab_size, embedding,
+                                  batch=options["batch"], positions=options["positions"], seed=options["seed"])
+        if leak:
+            print(leak)
+            failed.append(spec)
+            continue
+        print(f"causal: no logit depends on a later token (each token changed in turn, and by gradient), in eval "
+              f"and train mode [the checks: {time.perf_counter() - t0:.1f} s]")
+        if options["probe"]:
+            print(f"probe: reversal of {n} digits 0..{V - 1}, the factory's model at its own init")
+            result = probe_factory(spec, factory, options)
+            report_probe(result, V)
+            if result["verdict"] != "causal":
+                failed.append(spec)
+    if len(specs) > 1:
+        print(f"{len(specs) - len(failed)} of {len(specs)} models causal"
+              + (f"; not causal: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------------------
 
 
 def plan(options, original, config, user_keys):
@@ -449,10 +784,15 @@ def plan(options, original, config, user_keys):
 
 @cli.main
 def main(argv):
-    """Exit status: 0 causal, 1 a leak (or a probe that learned nothing), 2 a bad setting."""
+    """Exit status: 0 causal, 1 a leak (or a probe that learned nothing), 2 a bad setting (or, with
+    --model, a model the tool cannot read)."""
     if configurator.wants_help(argv):
-        print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
+        model_keys = "\n".join(f"  --{key}={value!r}" for key, value in MODEL_DEFAULTS.items())
+        print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)"
+              + f"\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n{model_keys}")
         return 0
+    if any(arg.startswith("--model=") for arg in configurator.normalize(argv, SWITCHES)):
+        return check_models(argv)
     options, original, config, user_keys = parse_args(argv)
     model_args, probe_args = plan(options, original, config, user_keys)
     changes = describe_changes(original, model_args)

@@ -4,7 +4,11 @@ forward pass, and it catches leaks planted here, in copies of the models' attent
 only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over the queries, a causal mask
 one key too wide, a cross-attention without its mask, a future-attention band that reads
 the real keys, computed future keys built from the next token instead of the query's own,
-a training path that peeks at the targets, a path behind a zero-initialized bias.
+a training path that peeks at the targets, a path behind a zero-initialized bias. With
+--model=MODULE:FACTORY it reads models of the test's own, and through the command line it
+passes HF transformers' GPT-2 and Llama and x-transformers' decoder and catches BERT, an
+x-transformers encoder, an unmasked torch.nn.TransformerEncoder and the blog post's bug
+(those libraries' tests skip when they are not installed).
 Run: python -m pytest -q test_check_causal.py
 
     python test_check_causal.py     # the checker and the probe on the blog post's bug
@@ -12,7 +16,11 @@ Run: python -m pytest -q test_check_causal.py
 
 import dataclasses
 import glob
+import importlib.util
 import math
+import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -24,7 +32,7 @@ import model_baseline
 import model_encdec
 import model_future_attn
 from lib import settings
-from conftest import MODEL_VARIANTS, TINY_MODEL
+from conftest import MODEL_VARIANTS, REPO, TINY_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -381,6 +389,342 @@ def test_probe_halves_follow_what_each_position_has_seen():
 
     first, second = check_causal.probe_accuracy(Echo(), idx, idx.flip(1), training=False)
     assert (first, second) == (0.0, 1 / 3)  # positions 0, 1 unseen; 2 (itself), 3, 4 seen
+
+
+# --------------------------------------------------------------------------------------
+# any PyTorch model: --model=MODULE:FACTORY, on models of the test's own (in this process) and
+# of libraries no one here wrote (through the command line, as a user runs it)
+
+
+OWN_MODELS = """
+import types
+
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    # position i's logits come from a running mean of the token embeddings 0..i, after dropout
+    block_size = 8
+
+    def __init__(self, output="tensor", peek=False, gate=False):
+        super().__init__()
+        self.output, self.peek = output, peek
+        self.embed, self.dropout, self.head = nn.Embedding(64, 16), nn.Dropout(0.5), nn.Linear(16, 64)
+        self.gate = nn.Parameter(torch.zeros(16)) if gate else None
+
+    def forward(self, idx):
+        x = self.dropout(self.embed(idx))
+        x = x.cumsum(1) / torch.arange(1, idx.size(1) + 1).view(-1, 1)  # (B, T, 16)
+        if self.gate is not None:  # 0 at init: position i reads i+1 once the weights are redrawn
+            x = x + self.gate * x.roll(-1, dims=1)
+        logits = self.head(x)
+        if self.peek:  # position 3 sees whether token 5 is odd: +1 to it changes them by 0.25
+            logits = logits + 0.25 * (torch.arange(idx.size(1)) == 3).view(-1, 1) * (idx[:, 5:6] % 2).unsqueeze(-1)
+        if self.output == "tuple":
+            return logits, None
+        if self.output == "hf":
+            return types.SimpleNamespace(logits=logits, loss=None)
+        return logits[:, -1:] if self.output == "last" else logits
+
+
+def causal():
+    return Tiny()
+
+
+def gated():
+    return Tiny(gate=True)
+
+
+def peek_tensor():
+    return Tiny(peek=True)
+
+
+def peek_tuple():
+    return Tiny(peek=True, output="tuple")
+
+
+def peek_hf():
+    return Tiny(peek=True, output="hf")
+
+
+def last_only():
+    return Tiny(output="last")
+
+
+def two_embeddings():
+    model = Tiny()
+    model.spare = nn.Embedding(64, 16)
+    return model
+
+
+def broken():
+    raise RuntimeError("no weights here")
+
+
+def not_a_model():
+    return "a model"
+"""
+
+
+@pytest.fixture
+def own_models(tmp_path, monkeypatch):
+    """own_models.py (OWN_MODELS) in the current directory, a fresh one; what the checker adds
+    to sys.path and sys.modules is undone after."""
+    (tmp_path / "own_models.py").write_text(OWN_MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield "own_models.py"
+    for name in ("own_models", "mypackage", "mypackage.models"):
+        sys.modules.pop(name, None)
+
+
+def test_a_leak_is_named_where_it_starts_whatever_the_output(own_models, capsys):
+    # position 3 sees token 5, by exactly 0.25, whether the logits come as a tensor, a tuple or .logits
+    models = ",".join(f"own_models.py:peek_{form}" for form in ("tensor", "tuple", "hf"))
+    assert check_causal.main([f"--model={models}"]) == 1
+    out = capsys.readouterr().out
+    leaks = [line for line in out.splitlines() if line.startswith("LEAK")]
+    leak = "LEAK: logits at position 3 change by 0.25 when the token at position 5 changes (eval mode, T=8)"
+    assert leaks == [leak] * 3
+    assert out.rstrip().endswith(f"0 of 3 models causal; not causal: {models.replace(',', ', ')}")
+
+
+def test_weights_are_redrawn_unless_kept(own_models, capsys):
+    # a path through a parameter that starts at 0: random weights open it; the model's own keep it shut.
+    # Train mode draws dropout masks: the checks stay exact, since every forward draws the same ones
+    assert check_causal.main(["--model=own_models.py:gated"]) == 1
+    assert "LEAK: logits at position 0 change by " in capsys.readouterr().out
+    assert check_causal.main(["--model=own_models.py:gated,own_models.py:causal", "--keep_weights"]) == 0
+    out = capsys.readouterr().out
+    assert "the model's own weights" in out and "train mode, T=8" in out and "2 of 2 models causal" in out
+
+
+def test_the_vocabulary_the_length_and_the_embedding_are_found(own_models, capsys):
+    assert check_causal.main(["--model=own_models.py:causal"]) == 0
+    assert ("vocab_size 64 from the logits' last dimension; block_size 8 from block_size; token embeddings from "
+            "embed, the one nn.Embedding of 64 rows") in capsys.readouterr().out
+    assert check_causal.main(["--model=own_models.py:two_embeddings", "--embedding=embed", "--vocab_size=50",
+                              "--block_size=6"]) == 0
+    assert "vocab_size 50 from --vocab_size; block_size 6 from --block_size; token embeddings from --embedding=embed" \
+        in capsys.readouterr().out
+
+    class HasConfig(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config, self.max_seq_len, self.words = config, 99, torch.nn.Embedding(7, 2)
+
+        def get_input_embeddings(self):
+            return self.words
+
+    hf_like = HasConfig(type("Config", (), dict(vocab_size=7, n_positions=16, max_position_embeddings=20))())
+    assert check_causal.size_of(hf_like, ("vocab_size",), 0, "vocab_size") == (7, "config.vocab_size")
+    assert check_causal.size_of(hf_like, check_causal.LENGTH_NAMES, 0, "block_size") == (16, "config.n_positions")
+    assert check_causal.size_of(HasConfig(dict(block_size=12)), check_causal.LENGTH_NAMES, 0, "block_size") == \
+        (12, "config.block_size")
+    assert check_causal.size_of(HasConfig(None), check_causal.LENGTH_NAMES, 0, "block_size") == (99, "max_seq_len")
+    assert check_causal.size_of(HasConfig(None), ("vocab_size",), 0, "vocab_size") == (None, None)
+    assert check_causal.token_embedding(hf_like, 64, "") == (hf_like.words, "words, its get_input_embeddings()")
+
+
+def test_a_dotted_module_is_imported_from_the_current_directory(own_models, capsys):
+    os.makedirs("mypackage")
+    os.rename(own_models, "mypackage/models.py")
+    assert check_causal.main(["--model=mypackage.models:causal"]) == 0
+    assert "mypackage.models:causal: Tiny, " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--model=own_models.py"], "error: --model=own_models.py: write MODULE:FACTORY, e.g. --model=my_models.py:"),
+    (["--model=nowhere.py:tiny"], "error: no file nowhere.py: MODULE is a .py file"),
+    (["--model=nowhere.models:tiny"], "error: no module nowhere.models from "),
+    (["--model=own_models.py:tiny"], "error: own_models.py has no function tiny; it defines Tiny, causal, gated, "),
+    (["--model=own_models.py:broken"], "error: broken() failed: RuntimeError: no weights here ("),
+    (["--model=own_models.py:not_a_model"], "error: own_models.py:not_a_model: expected the factory to return "
+                                            "a torch.nn.Module that maps token ids (B, T) to logits (B, T, vocab), "
+                                            "got a str"),
+    (["--model=own_models.py:last_only"], "error: expected logits (1, 8, vocab) at every position for token ids "
+                                          "(1, 8): a tensor, a tuple or list that starts with one, or an object with "
+                                          ".logits; the model returned a tensor of shape (1, 1, 64)"),
+    (["--model=own_models.py:two_embeddings"], "error: cannot tell which module embeds the tokens: no "
+                                               "get_input_embeddings() and 2 nn.Embedding of 64 rows (its nn.Embedding "
+                                               "modules: embed, spare); name the module whose output is the token "
+                                               "embeddings with --embedding=ATTR.PATH"),
+    (["--model=own_models.py:causal", "--embedding=head.weight"],
+     "error: --embedding=head.weight: the model has no module"),
+    (["--model=own_models.py:causal", "--block_size=1"], "error: block_size must be at least 2"),
+    (["--model=own_models.py:causal", "--probe"], "error: the probe's 16 digits 0..9 need block_size >= 16"),
+    (["--model=own_models.py:causal", "config/baseline.py"], "error: --model checks the model its factory builds: "
+                                                             "give no config file (config/baseline.py) with it"),
+    (["--model=own_models.py:causal", "--full_size"], "error: --model checks the model at its own sizes already"),
+])
+def test_what_the_checker_cannot_read_exits_2_with_one_line(own_models, flags, error, capsys):
+    assert check_causal.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(error) and err.count("\n") == 1, err
+    if "broken()" in error:  # where in the user's file
+        line = OWN_MODELS.splitlines().index('    raise RuntimeError("no weights here")') + 1
+        assert err.endswith(f"own_models.py, line {line})\n")
+
+
+def check_from_the_command_line(folder, *flags):
+    """(exit status, output) of `python check_causal.py FLAGS`, run in folder as a user runs it."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "check_causal.py"), *flags], cwd=folder,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, done.stdout
+
+
+def verdicts(out):
+    """{MODULE:FACTORY: its verdict line, 'causal: ...' or 'LEAK: ...'} from check_causal's output."""
+    found, model = {}, None
+    for line in out.splitlines():
+        header = re.match(r"(\S+:\w+): ", line)
+        if header:
+            model = header.group(1)
+        elif line.startswith(("causal:", "LEAK:")):
+            found.setdefault(model, line.split(":")[0])
+    return found
+
+
+def skip_unless_installed(library):
+    # find_spec, not importorskip: importing transformers here would cost seconds the subprocess pays again
+    if importlib.util.find_spec(library) is None:
+        pytest.skip(f"{library} is not installed (pip install -r requirements-test.txt)")
+
+
+HF_MODELS = """
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+TINY = dict(vocab_size=64, max_position_embeddings=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4)
+
+
+def gpt2(attn_implementation="sdpa"):  # HF's default attention; "eager" is its plain PyTorch one
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                        attn_implementation=attn_implementation)
+    return GPT2LMHeadModel(config)
+
+
+def gpt2_eager():
+    return gpt2("eager")
+
+
+def llama(attn_implementation="sdpa"):
+    return LlamaForCausalLM(LlamaConfig(**TINY, num_key_value_heads=2, attn_implementation=attn_implementation))
+
+
+def llama_eager():
+    return llama("eager")
+
+
+def bert():
+    return BertForMaskedLM(BertConfig(**TINY))
+"""
+
+
+def test_hf_transformers_causal_lms_pass_and_bert_leaks(tmp_path):
+    skip_unless_installed("transformers")
+    (tmp_path / "hf_models.py").write_text(HF_MODELS)
+    names = ("gpt2", "gpt2_eager", "llama", "llama_eager", "bert")
+    status, out = check_from_the_command_line(tmp_path, "--model=" + ",".join(f"hf_models.py:{n}" for n in names))
+    assert verdicts(out) == {"hf_models.py:gpt2": "causal", "hf_models.py:gpt2_eager": "causal",
+                             "hf_models.py:llama": "causal", "hf_models.py:llama_eager": "causal",
+                             "hf_models.py:bert": "LEAK"}, out
+    assert status == 1
+    assert ("vocab_size 64 from config.vocab_size; block_size 32 from config.n_positions; token embeddings from "
+            "transformer.wte, its get_input_embeddings()") in out
+    assert "block_size 32 from config.max_position_embeddings; token embeddings from model.embed_tokens, its" in out
+    assert re.search(r"LEAK: logits at position 0 change by \S+ when the token at position 1 changes \(eval mode, "
+                     r"T=32\)", out)
+
+
+XT_MODELS = """
+from x_transformers import Decoder, Encoder, TransformerWrapper
+
+
+def decoder():
+    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=Decoder(dim=32, depth=2, heads=4))
+
+
+def encoder():
+    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=Encoder(dim=32, depth=2, heads=4))
+"""
+
+
+def test_x_transformers_decoder_passes_and_encoder_leaks(tmp_path):
+    skip_unless_installed("x_transformers")
+    (tmp_path / "xt_models.py").write_text(XT_MODELS)
+    status, out = check_from_the_command_line(tmp_path, "--model=xt_models:decoder,xt_models:encoder")  # a dotted path
+    assert verdicts(out) == {"xt_models:decoder": "causal", "xt_models:encoder": "LEAK"}, out
+    assert status == 1
+    assert ("vocab_size 64 from the logits' last dimension; block_size 32 from max_seq_len; token embeddings from "
+            "token_emb.emb, the one nn.Embedding of 64 rows") in out
+
+
+TORCH_MODELS = """
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    # torch's own TransformerEncoder, with the causal mask or without it
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(32, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.lm_head = nn.Linear(32, 64)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(T))
+        mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype) if self.causal else None
+        return self.lm_head(self.encoder(x, mask=mask, is_causal=self.causal))
+
+
+class SoftmaxOverQueries(nn.Module):
+    # the "degenerate attention" blog post's bug: the mask is right, the softmax runs down the queries
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(32, 32)
+        self.qkv, self.lm_head = nn.Linear(32, 3 * 32), nn.Linear(32, 64)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(T))
+        q, k, v = self.qkv(x).split(32, dim=-1)  # (B, T, 32) each
+        scores = (q @ k.transpose(1, 2)) / 32 ** 0.5  # (B, T queries, T keys)
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        P = scores.masked_fill(~allowed, float("-inf")).softmax(dim=1)  # dim 1: over the queries
+        return self.lm_head(x + P @ v)
+
+
+def masked():
+    return Encoder(causal=True)
+
+
+def unmasked():
+    return Encoder(causal=False)
+
+
+def softmax_over_queries():
+    return SoftmaxOverQueries()
+"""
+
+
+def test_torch_encoder_passes_with_the_causal_mask_and_leaks_without(tmp_path):
+    (tmp_path / "torch_models.py").write_text(TORCH_MODELS)
+    models = "torch_models.py:masked,torch_models.py:unmasked,torch_models.py:softmax_over_queries"
+    # flags as `--key value` and a bare --probe, as a user may type them; the probe runs for the causal one
+    status, out = check_from_the_command_line(tmp_path, "--model", models, "--block_size", "32", "--probe",
+                                              "--probe_length=8", "--probe_steps=100", "--probe_batch=32")
+    assert verdicts(out) == {"torch_models.py:masked": "causal", "torch_models.py:unmasked": "LEAK",
+                             "torch_models.py:softmax_over_queries": "LEAK"}, out
+    assert status == 1
+    assert "block_size 32 from --block_size; token embeddings from tokens, the one nn.Embedding of 64 rows" in out
+    assert "causal: accuracy on the first half is at chance" in out
 
 
 def demo():
