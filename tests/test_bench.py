@@ -206,3 +206,38 @@ def test_report_counts_every_micro_step(capsys):
     assert "1280 tokens/s" in out and f"MFU {mfu * 100:5.1f}%" in out
     bench.report(run, dict(peak_flops=None))
     assert "MFU n/a" in capsys.readouterr().out
+
+
+CAUSAL_MODELS = """
+from torch import nn
+
+
+class Tiny(nn.Module):
+    block_size = 8
+
+    def __init__(self, leak):
+        super().__init__()
+        self.leak, self.embed, self.head = leak, nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        return self.head(x + x.roll(-1, dims=1) if self.leak else x)  # roll: position i reads i+1
+
+
+def causal():
+    return Tiny(leak=False)
+
+
+def leaky():
+    return Tiny(leak=True)
+"""
+
+
+def test_causal_times_check_causal_in_a_fresh_process_per_model(tmp_path, monkeypatch, capsys):
+    (tmp_path / "models.py").write_text(CAUSAL_MODELS)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--causal=models.py:causal,models.py:leaky"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["models.py:causal"][-1] == "causal" and rows["models.py:leaky"][-2:] == ["-", "leak"]
+    wall, cpu, checks = (float(x) for x in rows["models.py:causal"][:3])
+    assert 0 < checks < wall and cpu > 0
