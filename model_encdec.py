@@ -23,7 +23,6 @@ n_layer_encoder and n_layer_decoder, one of the write-up's next steps ("experime
 unequal encoder and decoder layers"), give each stack its own depth instead.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -32,26 +31,14 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 # --------------------------------------------------------------------------------------
-# modules shared with model_baseline.py (repeated so this file reads on its own)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# modules shared with model_baseline.py (repeated so this file reads on its own; LayerNorm is
+# torch's: nn.LayerNorm(d, bias=False) keeps the gain and drops the bias)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -90,9 +77,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -110,7 +97,6 @@ class CausalCrossAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.cross_n_head == 0
         self.n_head = config.cross_n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -140,12 +126,12 @@ class DecoderBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.order = config.order
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_enc = LayerNorm(config.n_embd, bias=config.bias)  # on encoder_out
-        self.ln_x = LayerNorm(config.n_embd, bias=config.bias)  # on the decoder stream
+        self.ln_enc = nn.LayerNorm(config.n_embd, bias=config.bias)  # on encoder_out
+        self.ln_x = nn.LayerNorm(config.n_embd, bias=config.bias)  # on the decoder stream
         self.cross_attn = CausalCrossAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, encoder_out):
@@ -265,27 +251,27 @@ class GPT(nn.Module):
             encoder=nn.ModuleList([Block(config) for _ in range(config.n_layer_encoder)]),
             bridge=nn.Linear(d, d, bias=config.bias),
             decoder=nn.ModuleList([DecoderBlock(config) for _ in range(config.n_layer_decoder)]),
-            ln_f=LayerNorm(d, bias=config.bias),
+            ln_f=nn.LayerNorm(d, bias=config.bias),
         ))
         if config.ln_before_bridge:
-            self.transformer["ln_bridge"] = LayerNorm(d, bias=config.bias)
+            self.transformer["ln_bridge"] = nn.LayerNorm(d, bias=config.bias)
         if config.sub_pos == "yes_ln":
-            self.transformer["ln_sub"] = LayerNorm(d, bias=config.bias)
+            self.transformer["ln_sub"] = nn.LayerNorm(d, bias=config.bias)
         if config.embedding_ln != "none":
-            self.transformer["ln_a"] = LayerNorm(d, bias=True)  # LN_a, on E
+            self.transformer["ln_a"] = nn.LayerNorm(d, bias=True)  # LN_a, on E
         if config.ln_encoder_out:
-            self.transformer["ln_b"] = LayerNorm(d, bias=True)  # LN_b, on encoder_out
+            self.transformer["ln_b"] = nn.LayerNorm(d, bias=True)  # LN_b, on encoder_out
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
         self.apply(self._init_weights)
         # every out-projection (self, cross, MLP) gets the smaller residual init, scaled by
         # the depth of its own stack (the same for both when they are equal, as in the write-up)
-        depth = {"encoder": config.n_layer_encoder, "decoder": config.n_layer_decoder}
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                stack = name.split(".")[1]  # transformer.<encoder|decoder>.<i>...
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth[stack]))
+        for stack, depth in ((self.transformer.encoder, config.n_layer_encoder),
+                             (self.transformer.decoder, config.n_layer_decoder)):
+            for name, p in stack.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -368,9 +354,8 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+        fused = True if device_type == "cuda" else None  # one kernel for every parameter on a GPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):
         """Training FLOPs (forward + backward) per token at T = block_size."""
@@ -381,8 +366,8 @@ class GPT(nn.Module):
         n_attentions = cfg.n_layer_encoder + 2 * cfg.n_layer_decoder
         return 6 * self.get_num_params() + n_attentions * 12 * cfg.n_embd * cfg.block_size
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 

@@ -32,7 +32,6 @@ attention, and test_future_attn_kernels.py checks the fast ones against future_a
 This file runs on its own too, with the readable version.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -208,7 +207,6 @@ class FutureAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -318,26 +316,14 @@ class FutureAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------
-# modules shared with model_baseline.py (repeated so this file reads on its own)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# modules shared with model_baseline.py (repeated so this file reads on its own; LayerNorm is
+# torch's: nn.LayerNorm(d, bias=False) keeps the gain and drops the bias)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -377,9 +363,9 @@ class Block(nn.Module):
     def __init__(self, config, future):
         super().__init__()
         self.future = future
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = FutureAttention(config) if future else CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, with_target=False):
@@ -477,7 +463,7 @@ class GPT(nn.Module):
                 Block(config, future=config.start_layer <= layer <= config.end_layer)
                 for layer in range(1, config.n_layer + 1)
             ]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
@@ -558,9 +544,8 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+        fused = True if device_type == "cuda" else None  # one kernel for every parameter on a GPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):
         """Training FLOPs (forward + backward) per token at T = block_size."""
@@ -576,8 +561,8 @@ class GPT(nn.Module):
         flops += n_future_layers * 2 * d * T * (1 if cfg.detach_future_ground_truth else 3)
         return flops
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 

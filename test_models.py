@@ -16,9 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, tiny
+from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, one_thread, tiny  # noqa: F401
 
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the tiny models
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py (this file sits above tests/: imported)
 
 
 def full_logits(model, idx):
