@@ -84,6 +84,23 @@ class Block(nn.Module):
 # config
 
 
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
@@ -96,20 +113,13 @@ class GPTConfig:
     sub_pos: str = "no"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; no (the encdec's best: yes)
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"bias must be True or False, got {self.bias!r}")
-        if self.sub_pos not in ("no", "yes", "yes_ln"):
-            raise ValueError(f"sub_pos must be one of 'no', 'yes', 'yes_ln', got {self.sub_pos!r}")
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            ("bias", lambda v: isinstance(v, bool), "True or False"),
+            ("sub_pos", *one_of("no", "yes", "yes_ln")),
+        ])
 
 
 # --------------------------------------------------------------------------------------

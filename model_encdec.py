@@ -158,11 +158,21 @@ def disaffinity(E_avg, encoder_out, loss_type):
 # --------------------------------------------------------------------------------------
 # config
 
-SUB_POS = ("no", "yes", "yes_ln")
-ORDERS = ("original", "alt")
-EMBEDDING_LOSS_TYPES = ("none", "mse", "cosine", "log_cosine")
-DETACH = ("encoder_out", "embedding", "none")
-EMBEDDING_LN = ("init", "avg", "none")
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
 
 
 @dataclass
@@ -190,45 +200,28 @@ class GPTConfig:
     embedding_ln: str = "init"  # LN_a on E before the running mean ('init'), after ('avg'), 'none'
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        for name in ("n_layer_encoder", "n_layer_decoder"):
-            if getattr(self, name) is None:
-                setattr(self, name, self.n_layer)
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer or None (n_layer), got {value!r}")
-        if self.cross_n_head is None:
-            self.cross_n_head = 2 * self.n_head
-        if (not isinstance(self.cross_n_head, int) or isinstance(self.cross_n_head, bool)
-                or self.cross_n_head < 1 or self.n_embd % self.cross_n_head != 0):
-            raise ValueError(
-                f"cross_n_head must be a positive integer dividing n_embd ({self.n_embd}), "
-                f"got {self.cross_n_head!r}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name, allowed in (("order", ORDERS), ("sub_pos", SUB_POS),
-                              ("embedding_loss_type", EMBEDDING_LOSS_TYPES),
-                              ("detach", DETACH), ("embedding_ln", EMBEDDING_LN)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name} must be one of {', '.join(map(repr, allowed))}, "
-                    f"got {getattr(self, name)!r}"
-                )
-        if not isinstance(self.embedding_loss_coeff, (int, float)) or self.embedding_loss_coeff < 0:
-            raise ValueError(
-                f"embedding_loss_coeff must be a number >= 0, got {self.embedding_loss_coeff!r}"
-            )
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})")])
+        for name, default in (("n_layer_encoder", self.n_layer), ("n_layer_decoder", self.n_layer),
+                              ("cross_n_head", 2 * self.n_head)):
+            if getattr(self, name) is None:  # None: n_layer per stack, 2 * n_head for the cross-attention
+                setattr(self, name, default)
+        flags = ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out")
+        check_fields(self, [
+            ("n_layer_encoder", is_count, "a positive integer or None (n_layer)"),
+            ("n_layer_decoder", is_count, "a positive integer or None (n_layer)"),
+            ("cross_n_head", lambda v: is_count(v) and self.n_embd % v == 0,
+             f"a positive integer dividing n_embd ({self.n_embd})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            *[(name, lambda v: isinstance(v, bool), "True or False") for name in flags],
+            ("order", *one_of("original", "alt")),
+            ("sub_pos", *one_of("no", "yes", "yes_ln")),
+            ("embedding_loss_type", *one_of("none", "mse", "cosine", "log_cosine")),
+            ("detach", *one_of("encoder_out", "embedding", "none")),
+            ("embedding_ln", *one_of("init", "avg", "none")),
+            ("embedding_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+        ])
 
 
 # --------------------------------------------------------------------------------------

@@ -383,6 +383,23 @@ class Block(nn.Module):
 # config
 
 
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
@@ -402,48 +419,26 @@ class GPTConfig:
     detach_future_ground_truth: bool = True  # no gradient through out*_future; True
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 for future attention, got {self.block_size}")
-        if self.future_dim is None:
-            self.future_dim = self.block_size - 1
-        if self.end_layer is None:
-            self.end_layer = self.n_layer
-        if (not isinstance(self.future_dim, int) or isinstance(self.future_dim, bool)
-                or not 1 <= self.future_dim <= self.block_size - 1):
-            raise ValueError(
-                f"future_dim must be an integer in 1..block_size-1 "
-                f"(1..{self.block_size - 1}), got {self.future_dim!r}"
-            )
-        if not isinstance(self.start_layer, int) or not 1 <= self.start_layer <= self.n_layer:
-            raise ValueError(f"start_layer must be in 1..n_layer (1..{self.n_layer}), got {self.start_layer!r}")
-        if not isinstance(self.end_layer, int) or not self.start_layer <= self.end_layer <= self.n_layer:
-            raise ValueError(
-                f"end_layer must be in start_layer..n_layer ({self.start_layer}..{self.n_layer}), "
-                f"got {self.end_layer!r}"
-            )
-        if self.future_kv not in ("learned", "computed"):
-            raise ValueError(f"future_kv must be 'learned' or 'computed', got {self.future_kv!r}")
-        if self.future_attn_loss_type not in ("mse", "cosine"):
-            raise ValueError(
-                f"future_attn_loss_type must be 'mse' or 'cosine', got {self.future_attn_loss_type!r}"
-            )
-        if not isinstance(self.future_attn_loss_coeff, (int, float)) or self.future_attn_loss_coeff < 0:
-            raise ValueError(
-                f"future_attn_loss_coeff must be a number >= 0, got {self.future_attn_loss_coeff!r}"
-            )
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            *[(name, lambda v: isinstance(v, bool), "True or False")
+              for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth")],
+            ("block_size", lambda v: v >= 2, ">= 2 for future attention"),
+        ])
+        C, L = self.block_size, self.n_layer  # valid now: the None fields take their meaning from them
+        self.future_dim = C - 1 if self.future_dim is None else self.future_dim
+        self.end_layer = L if self.end_layer is None else self.end_layer
+        check_fields(self, [
+            ("future_dim", lambda v: is_count(v) and v <= C - 1, f"an integer in 1..block_size-1 (1..{C - 1})"),
+            ("start_layer", lambda v: is_count(v) and v <= L, f"in 1..n_layer (1..{L})"),
+            ("end_layer", lambda v: isinstance(v, int) and self.start_layer <= v <= L,
+             f"in start_layer..n_layer ({self.start_layer}..{L}), or unset for the last layer"),
+            ("future_kv", *one_of("learned", "computed")),
+            ("future_attn_loss_type", *one_of("mse", "cosine")),
+            ("future_attn_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+        ])
 
 
 # --------------------------------------------------------------------------------------
@@ -506,10 +501,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {C}")
         with_target = self.training and targets is not None
         if with_target and T != C:
-            raise ValueError(
-                f"training with targets needs sequences of exactly block_size ({C}) tokens, "
-                f"got {T}: out*_future reads real keys up to position C-1"
-            )
+            raise ValueError(f"training with targets needs sequences of exactly block_size ({C}) tokens, "
+                             f"got {T}: out*_future reads real keys up to position C-1")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         layer_losses = []

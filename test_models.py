@@ -833,6 +833,36 @@ def test_bad_config_value_names_the_field(module, field, value):
         module.GPTConfig(**{**TINY_MODEL, field: value})
 
 
+def test_end_layer_unset_is_the_last_layer_and_above_it_says_so():
+    # a config that leaves end_layer unset follows --n_layer; an explicit one past the last layer
+    # is refused by name, with what to do
+    assert fa.GPTConfig(**{**TINY_MODEL, "n_layer": 3}).end_layer == 3
+    assert fa.GPTConfig(**{**TINY_MODEL, "n_layer": 3, "start_layer": 2}).end_layer == 3
+    with pytest.raises(ValueError) as refused:
+        fa.GPTConfig(**{**TINY_MODEL, "end_layer": 28})
+    assert str(refused.value) == "end_layer must be in start_layer..n_layer (1..2), or unset for the last layer, got 28"
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_layer_norms_keep_their_checkpoint_keys_and_function(module, bias):
+    # torch's nn.LayerNorm(d, bias=...) in place of a hand-written one: the same state_dict keys (a
+    # gain 'weight', a 'bias' only with bias=True; the encdec's LN_a and LN_b always have one), so
+    # checkpoints keep loading, and the same function: F.layer_norm with eps 1e-5
+    model = tiny(module, bias=bias, **({"sub_pos": "yes_ln"} if module is not fa else {}))
+    norms = {name: m for name, m in model.named_modules() if name.rsplit(".", 1)[-1].startswith("ln_")}
+    assert "transformer.ln_f" in norms and len(norms) > 3
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(17))
+    for name, norm in norms.items():
+        with_bias = bias or name in ("transformer.ln_a", "transformer.ln_b")
+        assert set(norm.state_dict()) == ({"weight", "bias"} if with_bias else {"weight"}), name
+        with torch.no_grad():
+            for p in norm.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(18)))
+            expected = F.layer_norm(x, (32,), norm.weight, norm.bias, 1e-5)
+            torch.testing.assert_close(norm(x), expected, rtol=0, atol=0, msg=name)
+
+
 def test_config_round_trips_through_asdict():
     from dataclasses import asdict
     for module in (base, fa, ed):
