@@ -52,25 +52,22 @@ def future_attention_weights(q, k, K_future, K_future_bias=None, *, future_dim, 
     """The attention weights of the write-up's equations, for per-head q, k of shape (B, H, T, hs).
 
     K_future is (H, hs, C-1), the optional K_future_bias (H, 1, C-1). Returns (P_omni, P_star):
-    P_omni = softmax([A | A_future]), (B, H, T, T+F), over the T real keys and then the
-    F = min(T-1+future_dim, C-1) future columns any query reaches, column m standing for key
-    position m+1; P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim,
-    the target's weights (None unless with_target). visualize.py draws both.
+    P_omni = softmax([A | A_future]), (B, H, T, T+C-1), over the T real keys and then the C-1
+    future columns, column m standing for key position m+1 (0 where no query i < T reaches);
+    P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim, the target's
+    weights (None unless with_target). visualize.py draws both (FutureAttention.attention_weights).
     """
-    T = q.size(2)
-    C = K_future.size(-1) + 1
-    # A_future: scores against the learned future keys; column m stands for key m+1.
-    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
-    n_future = min(T - 1 + future_dim, C - 1)
-    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
+    # A_future: scores against the learned future keys; column m stands for key m+1. All C-1
+    # columns at every T: one shape, so a model compiled for all lengths needs no graph per T.
+    A_future = q @ K_future  # (B, H, T, hs) @ (H, hs, C-1) -> (B, H, T, C-1)
     if K_future_bias is not None:
-        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
+        A_future = A_future + K_future_bias  # (H, 1, C-1) broadcasts
     return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
 
 
 def joint_softmax(q, k, A_future, *, future_dim, with_target):
     """(P_omni, P_star) from q, k (B, H, T, hs) and the unscaled future scores A_future
-    (B, H, T, F), column m standing for key position m+1, whichever way they were made."""
+    (B, H, T, C-1), column m standing for key position m+1, whichever way they were made."""
     B, H, T, hs = q.shape
     n_future = A_future.size(-1)
     s = 1.0 / math.sqrt(hs)
@@ -81,13 +78,13 @@ def joint_softmax(q, k, A_future, *, future_dim, with_target):
     j = torch.arange(T, device=q.device).view(1, T)  # key positions
     causal = j <= i  # (T, T)
 
-    # the future band: query i scores the keys i < m+1 <= i+fd (F columns stop at C-1)
+    # the future band: query i scores the keys i < m+1 <= i+fd (the columns stop at C-1)
     key = torch.arange(1, n_future + 1, device=q.device).view(1, n_future)  # m + 1
-    future = (key > i) & (key <= i + future_dim)  # (T, F)
+    future = (key > i) & (key <= i + future_dim)  # (T, C-1)
 
     # A_omni: both sets side by side under ONE softmax
     A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
-                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
+                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+C-1)
     P_omni = F.softmax(A_omni, dim=-1)
 
     P_star = None
@@ -109,11 +106,10 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
     P_omni, P_star = future_attention_weights(q, k, K_future, K_future_bias, future_dim=future_dim,
                                               with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
-    n_future = P_omni.size(-1) - T
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    P_unmasked, P_future = P_omni.split([T, V_future.size(1)], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
 
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
-    out_future = P_future @ V_future[:, :n_future]  # (B, H, T, F) @ (H, F, hs) -> (B, H, T, hs)
+    out_future = P_future @ V_future  # (B, H, T, C-1) @ (H, C-1, hs) -> (B, H, T, hs)
     if V_future_bias is not None:
         out_future = out_future + V_future_bias  # (H, 1, hs) broadcasts
     out = out_unmasked + out_future
@@ -134,7 +130,7 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
 
 
 def future_offsets(T, n_future, future_dim, device):
-    """(T, F) offset row o-1 = m-i of future column m for query i, clamped into 0..future_dim-1
+    """(T, C-1) offset row o-1 = m-i of future column m for query i, clamped into 0..future_dim-1
     (outside the band the value is unused: joint_softmax masks those columns)."""
     i = torch.arange(T, device=device).view(T, 1)
     m = torch.arange(n_future, device=device).view(1, n_future)
@@ -145,8 +141,7 @@ def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, blo
     """(P_omni, P_star) as future_attention_weights gives them, same layout, for the computed
     future keys k_i + K_offset[o-1]: K_offset (H, future_dim, hs), K_offset_bias (H, 1, future_dim)."""
     B, H, T, hs = q.shape
-    future_dim = K_offset.size(1)
-    n_future = min(T - 1 + future_dim, block_size - 1)
+    future_dim, n_future = K_offset.size(1), block_size - 1
     # A_band[i, o-1] = q_i . (k_i + K_offset[o-1]) = q_i . k_i + q_i . K_offset[o-1]
     # (B, H, T, 1) + (B, H, T, hs) @ (H, hs, fd) -> (B, H, T, fd)
     A_band = (q * k).sum(-1, keepdim=True) + q @ K_offset.transpose(-2, -1)
@@ -154,7 +149,7 @@ def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, blo
         A_band = A_band + K_offset_bias  # (H, 1, fd) broadcasts
     # into P_omni's columns: column m of query i is key m+1 = i+o, offset row m-i
     offsets = future_offsets(T, n_future, future_dim, q.device).expand(B, H, T, n_future)
-    A_future = A_band.gather(-1, offsets)  # (B, H, T, fd) -> (B, H, T, F)
+    A_future = A_band.gather(-1, offsets)  # (B, H, T, fd) -> (B, H, T, C-1)
     return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
 
 
@@ -171,7 +166,7 @@ def computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias=None, V
                                                        with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
     n_future = P_omni.size(-1) - T
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
 
     # back from columns to offsets: P_band[i, o-1] = P_future[i, i+o-1], 0 where key i+o > C-1
@@ -213,13 +208,11 @@ class FutureAttention(nn.Module):
         self.future_dim = config.future_dim
         self.loss_type = config.future_attn_loss_type
         self.detach_target = config.detach_future_ground_truth
-        self.impl = "auto"  # which version computes the attention (choose_impl); GPT.set_impl sets it
-        hs = config.n_embd // config.n_head
-        C = config.block_size
+        self.impl = "auto"  # which version computes the attention (set_impl)
+        H, hs, C, fd = config.n_head, config.n_embd // config.n_head, config.block_size, config.future_dim
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.future_kv = config.future_kv
         self.block_size = C
-        H, fd = config.n_head, config.future_dim
         if config.future_kv == "learned":
             # one future key and value per key position 1..C-1, per head (init in GPT)
             self.K_future = nn.Parameter(torch.empty(H, hs, C - 1))
@@ -252,50 +245,43 @@ class FutureAttention(nn.Module):
         return q, k, v
 
     def attention_weights(self, x):
-        """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d):
-        the joint softmax this layer computes and its target's (for visualize.py), in the
-        same layout whether the future keys are learned or computed."""
+        """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d), for
+        visualize.py, in one layout whether the future keys are learned or computed; P_omni keeps
+        the future columns that queries 0..T-1 reach, up to key min(T-1+future_dim, C-1)."""
         q, k, _ = self.heads(x)
         if self.future_kv == "computed":
-            return computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
-                                                     block_size=self.block_size, with_target=True)
-        return future_attention_weights(q, k, self.K_future, self.K_future_bias,
-                                        future_dim=self.future_dim, with_target=True)
+            P_omni, P_star = computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
+                                                               block_size=self.block_size, with_target=True)
+        else:
+            P_omni, P_star = future_attention_weights(q, k, self.K_future, self.K_future_bias,
+                                                      future_dim=self.future_dim, with_target=True)
+        T = x.size(1)
+        return P_omni[..., :T + min(T - 1 + self.future_dim, self.block_size - 1)], P_star
 
-    def choose_impl(self, q, dropout_p):
-        """'readable', 'fast' or 'flex': the version that computes this call, by self.impl.
-
-        'auto' takes the readable one while dropout is on (the only one that drops out P_omni),
-        for computed future keys (the only version of them) and without future_attn_kernels.py;
-        elsewhere kernels.choose picks the version that applies (a faster one at T = C)."""
-        impl = self.impl
+    def set_impl(self, impl):
+        """Which version computes this layer, checked once here: 'readable' (the functions above),
+        'fast' or 'flex' (lib/future_attn_kernels.py), or 'auto': the readable one while dropout is
+        on (the only one that drops out P_omni), for computed future keys (the only version of
+        them) and without the kernels file; elsewhere kernels.choose picks a faster one at T = C."""
         if impl not in IMPLS:
             raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
-        if impl == "readable" or (impl == "auto" and (dropout_p > 0.0 or self.future_kv == "computed"
-                                                      or kernels is None)):
-            return "readable"
-        if self.future_kv == "computed":
-            raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
-                             f"use impl='readable' or 'auto'")
-        if kernels is None:
-            raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
-                             f"use impl='readable' or 'auto'")
-        return kernels.choose(impl, q, self.K_future, self.K_future_bias, dropout_p)
+        if impl in ("fast", "flex"):
+            if kernels is None:
+                raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
+                                 f"use impl='readable' or 'auto'")
+            kernels.check_impl(impl, self.future_kv, getattr(self, "K_future_bias", None))
+        self.impl = impl
 
     def forward(self, x, with_target=False):
         """Returns (y, future_attn_loss); the loss is None unless with_target."""
         B, T, C = x.size()
         q, k, v = self.heads(x)
         dropout_p = self.dropout if self.training else 0.0
-        impl = self.choose_impl(q, dropout_p)
-        # the kernels for speed; the readable functions above wherever they do not apply (choose_impl)
-        if impl == "flex":  # FlexAttention's fused GPU kernels, O(T) memory
-            y, out_future, out_future_star = kernels.future_attention_flex(
-                q, k, v, self.K_future, self.V_future, self.V_future_bias, future_dim=self.future_dim,
-                with_target=with_target, detach_target=self.detach_target)
-        elif impl == "fast":  # one block of queries at a time, each with only the keys it reaches
-            y, out_future, out_future_star = kernels.future_attention_fast(
-                q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
+        faster = self.impl != "readable" and self.future_kv == "learned" and kernels is not None
+        impl = kernels.choose(self.impl, q, self.K_future, self.K_future_bias, dropout_p) if faster else "readable"
+        if impl != "readable":  # the same function, faster: blocked on a CPU, FlexAttention on a GPU
+            y, out_future, out_future_star = kernels.future_attention_faster(
+                impl, q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
                 future_dim=self.future_dim, with_target=with_target, detach_target=self.detach_target)
         elif self.future_kv == "computed":
             y, out_future, out_future_star = computed_future_attention(
@@ -478,13 +464,11 @@ class GPT(nn.Module):
 
     def set_impl(self, impl):
         """Which version computes every future-attention layer: 'auto' (the default), 'readable',
-        'fast' or 'flex' (FutureAttention.choose_impl). A setting of the run, not a GPTConfig
+        'fast' or 'flex' (FutureAttention.set_impl). A setting of the run, not a GPTConfig
         field: every version computes the same function, so checkpoints do not carry it."""
-        if impl not in IMPLS:
-            raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
         for block in self.transformer.h:
             if block.future:
-                block.attn.impl = impl
+                block.attn.set_impl(impl)
         return self
 
     def get_num_params(self):
@@ -563,7 +547,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
