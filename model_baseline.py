@@ -16,7 +16,6 @@ token's position before the tied head helps its model and expected the same of a
 decoder-only one: sub_pos='yes' gives logits = (ln_f(x_L) - wpe[1..T]) @ wte^T (off by default).
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -25,26 +24,13 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 # --------------------------------------------------------------------------------------
-# modules
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# modules (LayerNorm is torch's: nn.LayerNorm(d, bias=False) keeps the gain and drops the bias)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -83,9 +69,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -96,6 +82,23 @@ class Block(nn.Module):
 
 # --------------------------------------------------------------------------------------
 # config
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
 
 
 @dataclass
@@ -110,20 +113,13 @@ class GPTConfig:
     sub_pos: str = "no"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; no (the encdec's best: yes)
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"bias must be True or False, got {self.bias!r}")
-        if self.sub_pos not in ("no", "yes", "yes_ln"):
-            raise ValueError(f"sub_pos must be one of 'no', 'yes', 'yes_ln', got {self.sub_pos!r}")
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            ("bias", lambda v: isinstance(v, bool), "True or False"),
+            ("sub_pos", *one_of("no", "yes", "yes_ln")),
+        ])
 
 
 # --------------------------------------------------------------------------------------
@@ -142,10 +138,10 @@ class GPT(nn.Module):
             wpe=nn.Embedding(n_pos, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         if config.sub_pos == "yes_ln":
-            self.transformer["ln_sub"] = LayerNorm(config.n_embd, bias=config.bias)
+            self.transformer["ln_sub"] = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
@@ -198,9 +194,8 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+        fused = True if device_type == "cuda" else None  # one kernel for every parameter on a GPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):
         """Training FLOPs (forward + backward) per token at T = block_size."""
@@ -210,8 +205,8 @@ class GPT(nn.Module):
         # T x T attention matmuls, q k^T and p v: 2 * 2 * T * d forward, 3x with backward
         return 6 * self.get_num_params() + cfg.n_layer * 12 * cfg.n_embd * T
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -219,7 +214,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:

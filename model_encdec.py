@@ -23,7 +23,6 @@ n_layer_encoder and n_layer_decoder, one of the write-up's next steps ("experime
 unequal encoder and decoder layers"), give each stack its own depth instead.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -32,26 +31,14 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 # --------------------------------------------------------------------------------------
-# modules shared with model_baseline.py (repeated so this file reads on its own)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# modules shared with model_baseline.py (repeated so this file reads on its own; LayerNorm is
+# torch's: nn.LayerNorm(d, bias=False) keeps the gain and drops the bias)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -90,9 +77,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -110,7 +97,6 @@ class CausalCrossAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.cross_n_head == 0
         self.n_head = config.cross_n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -140,12 +126,12 @@ class DecoderBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.order = config.order
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_enc = LayerNorm(config.n_embd, bias=config.bias)  # on encoder_out
-        self.ln_x = LayerNorm(config.n_embd, bias=config.bias)  # on the decoder stream
+        self.ln_enc = nn.LayerNorm(config.n_embd, bias=config.bias)  # on encoder_out
+        self.ln_x = nn.LayerNorm(config.n_embd, bias=config.bias)  # on the decoder stream
         self.cross_attn = CausalCrossAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, encoder_out):
@@ -172,11 +158,21 @@ def disaffinity(E_avg, encoder_out, loss_type):
 # --------------------------------------------------------------------------------------
 # config
 
-SUB_POS = ("no", "yes", "yes_ln")
-ORDERS = ("original", "alt")
-EMBEDDING_LOSS_TYPES = ("none", "mse", "cosine", "log_cosine")
-DETACH = ("encoder_out", "embedding", "none")
-EMBEDDING_LN = ("init", "avg", "none")
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
 
 
 @dataclass
@@ -204,45 +200,28 @@ class GPTConfig:
     embedding_ln: str = "init"  # LN_a on E before the running mean ('init'), after ('avg'), 'none'
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        for name in ("n_layer_encoder", "n_layer_decoder"):
-            if getattr(self, name) is None:
-                setattr(self, name, self.n_layer)
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer or None (n_layer), got {value!r}")
-        if self.cross_n_head is None:
-            self.cross_n_head = 2 * self.n_head
-        if (not isinstance(self.cross_n_head, int) or isinstance(self.cross_n_head, bool)
-                or self.cross_n_head < 1 or self.n_embd % self.cross_n_head != 0):
-            raise ValueError(
-                f"cross_n_head must be a positive integer dividing n_embd ({self.n_embd}), "
-                f"got {self.cross_n_head!r}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name, allowed in (("order", ORDERS), ("sub_pos", SUB_POS),
-                              ("embedding_loss_type", EMBEDDING_LOSS_TYPES),
-                              ("detach", DETACH), ("embedding_ln", EMBEDDING_LN)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name} must be one of {', '.join(map(repr, allowed))}, "
-                    f"got {getattr(self, name)!r}"
-                )
-        if not isinstance(self.embedding_loss_coeff, (int, float)) or self.embedding_loss_coeff < 0:
-            raise ValueError(
-                f"embedding_loss_coeff must be a number >= 0, got {self.embedding_loss_coeff!r}"
-            )
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})")])
+        for name, default in (("n_layer_encoder", self.n_layer), ("n_layer_decoder", self.n_layer),
+                              ("cross_n_head", 2 * self.n_head)):
+            if getattr(self, name) is None:  # None: n_layer per stack, 2 * n_head for the cross-attention
+                setattr(self, name, default)
+        flags = ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out")
+        check_fields(self, [
+            ("n_layer_encoder", is_count, "a positive integer or None (n_layer)"),
+            ("n_layer_decoder", is_count, "a positive integer or None (n_layer)"),
+            ("cross_n_head", lambda v: is_count(v) and self.n_embd % v == 0,
+             f"a positive integer dividing n_embd ({self.n_embd})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            *[(name, lambda v: isinstance(v, bool), "True or False") for name in flags],
+            ("order", *one_of("original", "alt")),
+            ("sub_pos", *one_of("no", "yes", "yes_ln")),
+            ("embedding_loss_type", *one_of("none", "mse", "cosine", "log_cosine")),
+            ("detach", *one_of("encoder_out", "embedding", "none")),
+            ("embedding_ln", *one_of("init", "avg", "none")),
+            ("embedding_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+        ])
 
 
 # --------------------------------------------------------------------------------------
@@ -265,27 +244,27 @@ class GPT(nn.Module):
             encoder=nn.ModuleList([Block(config) for _ in range(config.n_layer_encoder)]),
             bridge=nn.Linear(d, d, bias=config.bias),
             decoder=nn.ModuleList([DecoderBlock(config) for _ in range(config.n_layer_decoder)]),
-            ln_f=LayerNorm(d, bias=config.bias),
+            ln_f=nn.LayerNorm(d, bias=config.bias),
         ))
         if config.ln_before_bridge:
-            self.transformer["ln_bridge"] = LayerNorm(d, bias=config.bias)
+            self.transformer["ln_bridge"] = nn.LayerNorm(d, bias=config.bias)
         if config.sub_pos == "yes_ln":
-            self.transformer["ln_sub"] = LayerNorm(d, bias=config.bias)
+            self.transformer["ln_sub"] = nn.LayerNorm(d, bias=config.bias)
         if config.embedding_ln != "none":
-            self.transformer["ln_a"] = LayerNorm(d, bias=True)  # LN_a, on E
+            self.transformer["ln_a"] = nn.LayerNorm(d, bias=True)  # LN_a, on E
         if config.ln_encoder_out:
-            self.transformer["ln_b"] = LayerNorm(d, bias=True)  # LN_b, on encoder_out
+            self.transformer["ln_b"] = nn.LayerNorm(d, bias=True)  # LN_b, on encoder_out
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
         self.apply(self._init_weights)
         # every out-projection (self, cross, MLP) gets the smaller residual init, scaled by
         # the depth of its own stack (the same for both when they are equal, as in the write-up)
-        depth = {"encoder": config.n_layer_encoder, "decoder": config.n_layer_decoder}
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                stack = name.split(".")[1]  # transformer.<encoder|decoder>.<i>...
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth[stack]))
+        for stack, depth in ((self.transformer.encoder, config.n_layer_encoder),
+                             (self.transformer.decoder, config.n_layer_decoder)):
+            for name, p in stack.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -368,9 +347,8 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+        fused = True if device_type == "cuda" else None  # one kernel for every parameter on a GPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):
         """Training FLOPs (forward + backward) per token at T = block_size."""
@@ -381,8 +359,8 @@ class GPT(nn.Module):
         n_attentions = cfg.n_layer_encoder + 2 * cfg.n_layer_decoder
         return 6 * self.get_num_params() + n_attentions * 12 * cfg.n_embd * cfg.block_size
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -390,7 +368,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:

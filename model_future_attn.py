@@ -32,7 +32,6 @@ attention, and test_future_attn_kernels.py checks the fast ones against future_a
 This file runs on its own too, with the readable version.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -53,25 +52,22 @@ def future_attention_weights(q, k, K_future, K_future_bias=None, *, future_dim, 
     """The attention weights of the write-up's equations, for per-head q, k of shape (B, H, T, hs).
 
     K_future is (H, hs, C-1), the optional K_future_bias (H, 1, C-1). Returns (P_omni, P_star):
-    P_omni = softmax([A | A_future]), (B, H, T, T+F), over the T real keys and then the
-    F = min(T-1+future_dim, C-1) future columns any query reaches, column m standing for key
-    position m+1; P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim,
-    the target's weights (None unless with_target). visualize.py draws both.
+    P_omni = softmax([A | A_future]), (B, H, T, T+C-1), over the T real keys and then the C-1
+    future columns, column m standing for key position m+1 (0 where no query i < T reaches);
+    P_star = softmax(A*), (B, H, T, T), over the real keys j <= i + future_dim, the target's
+    weights (None unless with_target). visualize.py draws both (FutureAttention.attention_weights).
     """
-    T = q.size(2)
-    C = K_future.size(-1) + 1
-    # A_future: scores against the learned future keys; column m stands for key m+1.
-    # Queries 0..T-1 reach at most key min(T-1+future_dim, C-1): keep those columns.
-    n_future = min(T - 1 + future_dim, C - 1)
-    A_future = q @ K_future[:, :, :n_future]  # (B, H, T, hs) @ (H, hs, F) -> (B, H, T, F)
+    # A_future: scores against the learned future keys; column m stands for key m+1. All C-1
+    # columns at every T: one shape, so a model compiled for all lengths needs no graph per T.
+    A_future = q @ K_future  # (B, H, T, hs) @ (H, hs, C-1) -> (B, H, T, C-1)
     if K_future_bias is not None:
-        A_future = A_future + K_future_bias[:, :, :n_future]  # (H, 1, F) broadcasts
+        A_future = A_future + K_future_bias  # (H, 1, C-1) broadcasts
     return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
 
 
 def joint_softmax(q, k, A_future, *, future_dim, with_target):
     """(P_omni, P_star) from q, k (B, H, T, hs) and the unscaled future scores A_future
-    (B, H, T, F), column m standing for key position m+1, whichever way they were made."""
+    (B, H, T, C-1), column m standing for key position m+1, whichever way they were made."""
     B, H, T, hs = q.shape
     n_future = A_future.size(-1)
     s = 1.0 / math.sqrt(hs)
@@ -82,13 +78,13 @@ def joint_softmax(q, k, A_future, *, future_dim, with_target):
     j = torch.arange(T, device=q.device).view(1, T)  # key positions
     causal = j <= i  # (T, T)
 
-    # the future band: query i scores the keys i < m+1 <= i+fd (F columns stop at C-1)
+    # the future band: query i scores the keys i < m+1 <= i+fd (the columns stop at C-1)
     key = torch.arange(1, n_future + 1, device=q.device).view(1, n_future)  # m + 1
-    future = (key > i) & (key <= i + future_dim)  # (T, F)
+    future = (key > i) & (key <= i + future_dim)  # (T, C-1)
 
     # A_omni: both sets side by side under ONE softmax
     A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
-                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+F)
+                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+C-1)
     P_omni = F.softmax(A_omni, dim=-1)
 
     P_star = None
@@ -110,11 +106,10 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
     P_omni, P_star = future_attention_weights(q, k, K_future, K_future_bias, future_dim=future_dim,
                                               with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
-    n_future = P_omni.size(-1) - T
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    P_unmasked, P_future = P_omni.split([T, V_future.size(1)], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
 
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
-    out_future = P_future @ V_future[:, :n_future]  # (B, H, T, F) @ (H, F, hs) -> (B, H, T, hs)
+    out_future = P_future @ V_future  # (B, H, T, C-1) @ (H, C-1, hs) -> (B, H, T, hs)
     if V_future_bias is not None:
         out_future = out_future + V_future_bias  # (H, 1, hs) broadcasts
     out = out_unmasked + out_future
@@ -135,7 +130,7 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
 
 
 def future_offsets(T, n_future, future_dim, device):
-    """(T, F) offset row o-1 = m-i of future column m for query i, clamped into 0..future_dim-1
+    """(T, C-1) offset row o-1 = m-i of future column m for query i, clamped into 0..future_dim-1
     (outside the band the value is unused: joint_softmax masks those columns)."""
     i = torch.arange(T, device=device).view(T, 1)
     m = torch.arange(n_future, device=device).view(1, n_future)
@@ -146,8 +141,7 @@ def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, blo
     """(P_omni, P_star) as future_attention_weights gives them, same layout, for the computed
     future keys k_i + K_offset[o-1]: K_offset (H, future_dim, hs), K_offset_bias (H, 1, future_dim)."""
     B, H, T, hs = q.shape
-    future_dim = K_offset.size(1)
-    n_future = min(T - 1 + future_dim, block_size - 1)
+    future_dim, n_future = K_offset.size(1), block_size - 1
     # A_band[i, o-1] = q_i . (k_i + K_offset[o-1]) = q_i . k_i + q_i . K_offset[o-1]
     # (B, H, T, 1) + (B, H, T, hs) @ (H, hs, fd) -> (B, H, T, fd)
     A_band = (q * k).sum(-1, keepdim=True) + q @ K_offset.transpose(-2, -1)
@@ -155,7 +149,7 @@ def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, blo
         A_band = A_band + K_offset_bias  # (H, 1, fd) broadcasts
     # into P_omni's columns: column m of query i is key m+1 = i+o, offset row m-i
     offsets = future_offsets(T, n_future, future_dim, q.device).expand(B, H, T, n_future)
-    A_future = A_band.gather(-1, offsets)  # (B, H, T, fd) -> (B, H, T, F)
+    A_future = A_band.gather(-1, offsets)  # (B, H, T, fd) -> (B, H, T, C-1)
     return joint_softmax(q, k, A_future, future_dim=future_dim, with_target=with_target)
 
 
@@ -172,7 +166,7 @@ def computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias=None, V
                                                        with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
     n_future = P_omni.size(-1) - T
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
 
     # back from columns to offsets: P_band[i, o-1] = P_future[i, i+o-1], 0 where key i+o > C-1
@@ -208,20 +202,17 @@ class FutureAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.future_dim = config.future_dim
         self.loss_type = config.future_attn_loss_type
         self.detach_target = config.detach_future_ground_truth
-        self.impl = "auto"  # which version computes the attention (choose_impl); GPT.set_impl sets it
-        hs = config.n_embd // config.n_head
-        C = config.block_size
+        self.impl = "auto"  # which version computes the attention (set_impl)
+        H, hs, C, fd = config.n_head, config.n_embd // config.n_head, config.block_size, config.future_dim
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.future_kv = config.future_kv
         self.block_size = C
-        H, fd = config.n_head, config.future_dim
         if config.future_kv == "learned":
             # one future key and value per key position 1..C-1, per head (init in GPT)
             self.K_future = nn.Parameter(torch.empty(H, hs, C - 1))
@@ -254,50 +245,43 @@ class FutureAttention(nn.Module):
         return q, k, v
 
     def attention_weights(self, x):
-        """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d):
-        the joint softmax this layer computes and its target's (for visualize.py), in the
-        same layout whether the future keys are learned or computed."""
+        """(P_omni, P_star) of future_attention_weights for the layer input x (B, T, d), for
+        visualize.py, in one layout whether the future keys are learned or computed; P_omni keeps
+        the future columns that queries 0..T-1 reach, up to key min(T-1+future_dim, C-1)."""
         q, k, _ = self.heads(x)
         if self.future_kv == "computed":
-            return computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
-                                                     block_size=self.block_size, with_target=True)
-        return future_attention_weights(q, k, self.K_future, self.K_future_bias,
-                                        future_dim=self.future_dim, with_target=True)
+            P_omni, P_star = computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
+                                                               block_size=self.block_size, with_target=True)
+        else:
+            P_omni, P_star = future_attention_weights(q, k, self.K_future, self.K_future_bias,
+                                                      future_dim=self.future_dim, with_target=True)
+        T = x.size(1)
+        return P_omni[..., :T + min(T - 1 + self.future_dim, self.block_size - 1)], P_star
 
-    def choose_impl(self, q, dropout_p):
-        """'readable', 'fast' or 'flex': the version that computes this call, by self.impl.
-
-        'auto' takes the readable one while dropout is on (the only one that drops out P_omni),
-        for computed future keys (the only version of them) and without future_attn_kernels.py;
-        elsewhere kernels.choose picks the version that applies (a faster one at T = C)."""
-        impl = self.impl
+    def set_impl(self, impl):
+        """Which version computes this layer, checked once here: 'readable' (the functions above),
+        'fast' or 'flex' (lib/future_attn_kernels.py), or 'auto': the readable one while dropout is
+        on (the only one that drops out P_omni), for computed future keys (the only version of
+        them) and without the kernels file; elsewhere kernels.choose picks a faster one at T = C."""
         if impl not in IMPLS:
             raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
-        if impl == "readable" or (impl == "auto" and (dropout_p > 0.0 or self.future_kv == "computed"
-                                                      or kernels is None)):
-            return "readable"
-        if self.future_kv == "computed":
-            raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
-                             f"use impl='readable' or 'auto'")
-        if kernels is None:
-            raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
-                             f"use impl='readable' or 'auto'")
-        return kernels.choose(impl, q, self.K_future, self.K_future_bias, dropout_p)
+        if impl in ("fast", "flex"):
+            if kernels is None:
+                raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
+                                 f"use impl='readable' or 'auto'")
+            kernels.check_impl(impl, self.future_kv, getattr(self, "K_future_bias", None))
+        self.impl = impl
 
     def forward(self, x, with_target=False):
         """Returns (y, future_attn_loss); the loss is None unless with_target."""
         B, T, C = x.size()
         q, k, v = self.heads(x)
         dropout_p = self.dropout if self.training else 0.0
-        impl = self.choose_impl(q, dropout_p)
-        # the kernels for speed; the readable functions above wherever they do not apply (choose_impl)
-        if impl == "flex":  # FlexAttention's fused GPU kernels, O(T) memory
-            y, out_future, out_future_star = kernels.future_attention_flex(
-                q, k, v, self.K_future, self.V_future, self.V_future_bias, future_dim=self.future_dim,
-                with_target=with_target, detach_target=self.detach_target)
-        elif impl == "fast":  # one block of queries at a time, each with only the keys it reaches
-            y, out_future, out_future_star = kernels.future_attention_fast(
-                q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
+        faster = self.impl != "readable" and self.future_kv == "learned" and kernels is not None
+        impl = kernels.choose(self.impl, q, self.K_future, self.K_future_bias, dropout_p) if faster else "readable"
+        if impl != "readable":  # the same function, faster: blocked on a CPU, FlexAttention on a GPU
+            y, out_future, out_future_star = kernels.future_attention_faster(
+                impl, q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
                 future_dim=self.future_dim, with_target=with_target, detach_target=self.detach_target)
         elif self.future_kv == "computed":
             y, out_future, out_future_star = computed_future_attention(
@@ -318,26 +302,14 @@ class FutureAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------
-# modules shared with model_baseline.py (repeated so this file reads on its own)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (torch's own cannot drop just the bias)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# modules shared with model_baseline.py (repeated so this file reads on its own; LayerNorm is
+# torch's: nn.LayerNorm(d, bias=False) keeps the gain and drops the bias)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -377,9 +349,9 @@ class Block(nn.Module):
     def __init__(self, config, future):
         super().__init__()
         self.future = future
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = FutureAttention(config) if future else CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, with_target=False):
@@ -395,6 +367,23 @@ class Block(nn.Module):
 
 # --------------------------------------------------------------------------------------
 # config
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def one_of(*allowed):
+    """A check's test and what it must be (check_fields): one of the allowed values."""
+    return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
+
+
+def check_fields(config, checks):
+    """A ValueError naming the first field that fails its check: (field, test of its value, what
+    it must be), in order, so that a test may rely on the fields above it."""
+    for name, valid, must_be in checks:
+        if not valid(getattr(config, name)):
+            raise ValueError(f"{name} must be {must_be}, got {getattr(config, name)!r}")
 
 
 @dataclass
@@ -416,48 +405,26 @@ class GPTConfig:
     detach_future_ground_truth: bool = True  # no gradient through out*_future; True
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 for future attention, got {self.block_size}")
-        if self.future_dim is None:
-            self.future_dim = self.block_size - 1
-        if self.end_layer is None:
-            self.end_layer = self.n_layer
-        if (not isinstance(self.future_dim, int) or isinstance(self.future_dim, bool)
-                or not 1 <= self.future_dim <= self.block_size - 1):
-            raise ValueError(
-                f"future_dim must be an integer in 1..block_size-1 "
-                f"(1..{self.block_size - 1}), got {self.future_dim!r}"
-            )
-        if not isinstance(self.start_layer, int) or not 1 <= self.start_layer <= self.n_layer:
-            raise ValueError(f"start_layer must be in 1..n_layer (1..{self.n_layer}), got {self.start_layer!r}")
-        if not isinstance(self.end_layer, int) or not self.start_layer <= self.end_layer <= self.n_layer:
-            raise ValueError(
-                f"end_layer must be in start_layer..n_layer ({self.start_layer}..{self.n_layer}), "
-                f"got {self.end_layer!r}"
-            )
-        if self.future_kv not in ("learned", "computed"):
-            raise ValueError(f"future_kv must be 'learned' or 'computed', got {self.future_kv!r}")
-        if self.future_attn_loss_type not in ("mse", "cosine"):
-            raise ValueError(
-                f"future_attn_loss_type must be 'mse' or 'cosine', got {self.future_attn_loss_type!r}"
-            )
-        if not isinstance(self.future_attn_loss_coeff, (int, float)) or self.future_attn_loss_coeff < 0:
-            raise ValueError(
-                f"future_attn_loss_coeff must be a number >= 0, got {self.future_attn_loss_coeff!r}"
-            )
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_fields(self, [(name, is_count, "a positive integer") for name in sizes] + [
+            ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})"),
+            ("dropout", lambda v: isinstance(v, (int, float)) and 0.0 <= v < 1.0, "in [0, 1)"),
+            *[(name, lambda v: isinstance(v, bool), "True or False")
+              for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth")],
+            ("block_size", lambda v: v >= 2, ">= 2 for future attention"),
+        ])
+        C, L = self.block_size, self.n_layer  # valid now: the None fields take their meaning from them
+        self.future_dim = C - 1 if self.future_dim is None else self.future_dim
+        self.end_layer = L if self.end_layer is None else self.end_layer
+        check_fields(self, [
+            ("future_dim", lambda v: is_count(v) and v <= C - 1, f"an integer in 1..block_size-1 (1..{C - 1})"),
+            ("start_layer", lambda v: is_count(v) and v <= L, f"in 1..n_layer (1..{L})"),
+            ("end_layer", lambda v: isinstance(v, int) and self.start_layer <= v <= L,
+             f"in start_layer..n_layer ({self.start_layer}..{L}), or unset for the last layer"),
+            ("future_kv", *one_of("learned", "computed")),
+            ("future_attn_loss_type", *one_of("mse", "cosine")),
+            ("future_attn_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+        ])
 
 
 # --------------------------------------------------------------------------------------
@@ -477,7 +444,7 @@ class GPT(nn.Module):
                 Block(config, future=config.start_layer <= layer <= config.end_layer)
                 for layer in range(1, config.n_layer + 1)
             ]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
@@ -497,13 +464,11 @@ class GPT(nn.Module):
 
     def set_impl(self, impl):
         """Which version computes every future-attention layer: 'auto' (the default), 'readable',
-        'fast' or 'flex' (FutureAttention.choose_impl). A setting of the run, not a GPTConfig
+        'fast' or 'flex' (FutureAttention.set_impl). A setting of the run, not a GPTConfig
         field: every version computes the same function, so checkpoints do not carry it."""
-        if impl not in IMPLS:
-            raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
         for block in self.transformer.h:
             if block.future:
-                block.attn.impl = impl
+                block.attn.set_impl(impl)
         return self
 
     def get_num_params(self):
@@ -520,10 +485,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {C}")
         with_target = self.training and targets is not None
         if with_target and T != C:
-            raise ValueError(
-                f"training with targets needs sequences of exactly block_size ({C}) tokens, "
-                f"got {T}: out*_future reads real keys up to position C-1"
-            )
+            raise ValueError(f"training with targets needs sequences of exactly block_size ({C}) tokens, "
+                             f"got {T}: out*_future reads real keys up to position C-1")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         layer_losses = []
@@ -558,9 +521,8 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = dict(fused=True) if use_fused else dict()
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+        fused = True if device_type == "cuda" else None  # one kernel for every parameter on a GPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):
         """Training FLOPs (forward + backward) per token at T = block_size."""
@@ -576,8 +538,8 @@ class GPT(nn.Module):
         flops += n_future_layers * 2 * d * T * (1 if cfg.detach_future_ground_truth else 3)
         return flops
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised` (A100 bf16)."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -585,7 +547,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:

@@ -16,9 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, tiny
+from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, one_thread, tiny  # noqa: F401
 
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the tiny models
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py (this file sits above tests/: imported)
 
 
 def full_logits(model, idx):
@@ -252,6 +254,23 @@ def test_future_attn_loss_enters_the_loss_scaled_and_only_in_training():
         torch.testing.assert_close(loss, F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1)))
 
 
+@pytest.mark.parametrize("T", [2, C - 5, C])
+def test_attention_weights_keep_the_future_columns_queries_reach(T):
+    # the layer computes P_omni over all C-1 future columns, whatever T (one shape for every length);
+    # attention_weights (visualize.py) keeps those queries 0..T-1 reach: up to key min(T-1+fd, C-1)
+    layer = tiny(fa, future_dim=3).transformer.h[0].attn
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(4))
+    q, k, _ = layer.heads(x)
+    P_full, P_star = fa.future_attention_weights(q, k, layer.K_future, future_dim=3, with_target=True)
+    P_omni, P_star_kept = layer.attention_weights(x)
+    reached = min(T - 1 + 3, C - 1)
+    assert P_full.shape == (2, 4, T, T + C - 1) and P_omni.shape == (2, 4, T, T + reached)
+    assert torch.all(P_full[..., T + reached:] == 0)  # nothing is left out
+    torch.testing.assert_close(P_omni, P_full[..., :T + reached], rtol=0, atol=0)
+    torch.testing.assert_close(P_star_kept, P_star, rtol=0, atol=0)
+    assert torch.all(P_omni[:, :, :, T + reached - 1].amax(dim=-1) > 0)  # the last kept column is reached
+
+
 def test_future_attn_training_with_targets_needs_full_length():
     model = tiny(fa).train()
     idx = torch.randint(0, VOCAB, (1, C - 1))
@@ -268,13 +287,12 @@ def computed_future_attention_loops(q, k, v, K_offset, V_offset, K_bias, V_bias,
     """The computed variant one query at a time: query i's future key at offset o is
     k_i + K_offset[o-1], its value v_i + V_offset[o-1], for keys i+o <= C-1. Returns (out,
     out_future, out_future_star, P_omni) with P_omni's rows laid out as the model's:
-    T real keys, then future column m for key position m+1."""
+    T real keys, then future column m for key position m+1, m = 0..C-2."""
     B, H, T, hs = q.shape
     future_dim = K_offset.size(1)
-    n_future = min(T - 1 + future_dim, C_ - 1)
     s = 1.0 / math.sqrt(hs)
     out, out_future, star = torch.zeros_like(q), torch.zeros_like(q), torch.zeros_like(q)
-    P_omni = torch.zeros(B, H, T, T + n_future, dtype=q.dtype)
+    P_omni = torch.zeros(B, H, T, T + C_ - 1, dtype=q.dtype)
     for b in range(B):
         for h in range(H):
             for i in range(T):
@@ -383,8 +401,10 @@ def test_computed_future_attention_layer_matches_loops(T, bias, training):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     else:
         assert loss is None
-    # attention_weights gives the layer's P_omni in the learned layout (visualize.py draws it)
-    torch.testing.assert_close(layer.attention_weights(x)[0], P_omni, atol=1e-6, rtol=1e-5)
+    # attention_weights gives the layer's P_omni in the learned layout (visualize.py draws it), up to
+    # the last future column a query reaches: key min(T-1+future_dim, C-1)
+    reached = T + min(T - 1 + 4, C - 1)
+    torch.testing.assert_close(layer.attention_weights(x)[0], P_omni[..., :reached], atol=1e-6, rtol=1e-5)
 
 
 def test_computed_future_parameters_replace_the_learned_ones():
@@ -829,6 +849,36 @@ BAD_VALUES = [
 def test_bad_config_value_names_the_field(module, field, value):
     with pytest.raises(ValueError, match=field):
         module.GPTConfig(**{**TINY_MODEL, field: value})
+
+
+def test_end_layer_unset_is_the_last_layer_and_above_it_says_so():
+    # a config that leaves end_layer unset follows --n_layer; an explicit one past the last layer
+    # is refused by name, with what to do
+    assert fa.GPTConfig(**{**TINY_MODEL, "n_layer": 3}).end_layer == 3
+    assert fa.GPTConfig(**{**TINY_MODEL, "n_layer": 3, "start_layer": 2}).end_layer == 3
+    with pytest.raises(ValueError) as refused:
+        fa.GPTConfig(**{**TINY_MODEL, "end_layer": 28})
+    assert str(refused.value) == "end_layer must be in start_layer..n_layer (1..2), or unset for the last layer, got 28"
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_layer_norms_keep_their_checkpoint_keys_and_function(module, bias):
+    # torch's nn.LayerNorm(d, bias=...) in place of a hand-written one: the same state_dict keys (a
+    # gain 'weight', a 'bias' only with bias=True; the encdec's LN_a and LN_b always have one), so
+    # checkpoints keep loading, and the same function: F.layer_norm with eps 1e-5
+    model = tiny(module, bias=bias, **({"sub_pos": "yes_ln"} if module is not fa else {}))
+    norms = {name: m for name, m in model.named_modules() if name.rsplit(".", 1)[-1].startswith("ln_")}
+    assert "transformer.ln_f" in norms and len(norms) > 3
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(17))
+    for name, norm in norms.items():
+        with_bias = bias or name in ("transformer.ln_a", "transformer.ln_b")
+        assert set(norm.state_dict()) == ({"weight", "bias"} if with_bias else {"weight"}), name
+        with torch.no_grad():
+            for p in norm.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(18)))
+            expected = F.layer_norm(x, (32,), norm.weight, norm.bias, 1e-5)
+            torch.testing.assert_close(norm(x), expected, rtol=0, atol=0, msg=name)
 
 
 def test_config_round_trips_through_asdict():

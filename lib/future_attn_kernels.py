@@ -10,33 +10,48 @@ of the same function that trade readability for speed and memory:
 Both return (out, out_future, out_future_star) as future_attention does, and with
 detach_target compute out_future_star without a graph. Neither drops out P_omni, and
 neither has computed future keys (future_kv='computed'): there the readable version runs.
-FutureAttention.forward chooses among the three (its `impl`, 'auto' by default: see choose
-below). Masks as in model_future_attn.py: `allowed` True = may attend; the additive masks
-are 0 there and -inf elsewhere. model_future_attn.py runs without this file;
-test_future_attn_kernels.py checks both versions here against the readable one. Torch only.
+FutureAttention.forward asks choose which of the three computes a call (its `impl`, 'auto'
+by default), and future_attention_faster runs a faster one. Masks as in model_future_attn.py:
+`allowed` True = may attend; the additive masks are 0 there and -inf elsewhere.
+model_future_attn.py runs without this file; test_future_attn_kernels.py checks both
+versions here against the readable one. Torch only.
 """
 
 import math
 
 import torch
 
+# --------------------------------------------------------------------------------------
+# which version computes a call (FutureAttention.set_impl checks, FutureAttention.forward asks)
+
+
+def check_impl(impl, future_kv, K_future_bias):
+    """Refuses the faster version impl ('fast' or 'flex', FutureAttention.set_impl) where it
+    cannot compute the layer's function."""
+    if future_kv == "computed":
+        raise ValueError(f"impl={impl!r} has no computed future keys (future_kv='computed'); "
+                         f"use impl='readable' or 'auto'")
+    if impl == "flex" and K_future_bias is not None:
+        raise ValueError("impl='flex' has no K_future_bias (bias=True); use impl='fast' or 'auto'")
+
 
 def choose(impl, q, K_future, K_future_bias, dropout_p):
     """'fast', 'flex' or 'readable': which version computes future_attention for learned future keys.
 
-    impl 'fast' or 'flex' is taken as asked, refused where that version cannot compute the
-    same function. 'auto' (which comes here only without dropout) takes flex_attention on a
-    GPU at the full context T = C (training, evaluation, and generation once the window is
-    full), without K_future_bias and with a head size that is a power of 2 >= 16 (what its
-    Triton kernels handle); the blocked 'fast' version elsewhere at T = C; and the readable
-    one at shorter lengths, which only generation runs: both faster versions are planned for
-    one T, so under torch.compile(dynamic=True) they would compile once per length, while the
-    readable one compiles once for all of them (at batch 1 its T x (T+F) buffer is small).
+    impl 'fast' or 'flex' is taken as asked (FutureAttention.set_impl checked that it applies),
+    but neither drops out P_omni: with dropout on, 'auto' takes the readable version and the
+    others are refused. Without dropout, 'auto' takes flex_attention on a GPU at the full
+    context T = C (training, evaluation, and generation once the window is full), without
+    K_future_bias and with a head size that is a power of 2 >= 16 (what its Triton kernels
+    handle); the blocked 'fast' version elsewhere at T = C; and the readable one at shorter
+    lengths, which only generation runs: both faster versions are planned for one T, so under
+    torch.compile(dynamic=True) they would compile once per length, while the readable one
+    compiles once for all of them (at batch 1 its T x (T+C-1) buffer is small).
     """
     if dropout_p > 0.0:
+        if impl == "auto":
+            return "readable"
         raise ValueError(f"impl={impl!r} has no attention dropout; use impl='readable' or 'auto'")
-    if impl == "flex" and K_future_bias is not None:
-        raise ValueError("impl='flex' has no K_future_bias (bias=True); use impl='fast' or 'auto'")
     if impl != "auto":
         return impl
     T, hs = q.size(2), q.size(-1)
@@ -44,6 +59,18 @@ def choose(impl, q, K_future, K_future_bias, dropout_p):
         return "readable"
     flex_ok = q.is_cuda and K_future_bias is None and hs >= 16 and (hs & (hs - 1)) == 0
     return "flex" if flex_ok else "fast"
+
+
+def future_attention_faster(impl, q, k, v, K_future, V_future, K_future_bias, V_future_bias, *,
+                            future_dim, with_target, detach_target):
+    """future_attention, without dropout, by the faster version impl names ('fast' or 'flex',
+    as choose gives it): (out, out_future, out_future_star)."""
+    if impl == "flex":  # FlexAttention's fused GPU kernels, O(T) memory
+        return future_attention_flex(q, k, v, K_future, V_future, V_future_bias, future_dim=future_dim,
+                                     with_target=with_target, detach_target=detach_target)
+    # one block of queries at a time, each with only the keys it reaches
+    return future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias, future_dim=future_dim,
+                                 with_target=with_target, detach_target=detach_target)
 
 
 # --------------------------------------------------------------------------------------
@@ -62,23 +89,31 @@ def fast_plan(T, C, future_dim, queries_per_block, device, dtype):
     for A* over keys 0..kt-1; `above`, 1 where j > i over keys a..kt-1 and 0 elsewhere:
     the part of P* that out*_future sums.
     """
+    if torch.compiler.is_compiling():
+        # a compiled graph builds them once per graph anyway; reading the cache there would only
+        # add a guard on its contents, and a recompile when the first call fills it
+        return build_fast_plan(T, C, future_dim, queries_per_block, device, dtype)
     key = (T, C, future_dim, queries_per_block, device, dtype)
     if key not in _fast_plans:
-        n_blocks = -(-T // queries_per_block)
-        rows = -(-T // n_blocks)  # even blocks: T = 200 gives 4 x 50, not 64+64+64+8
-        blocks = []
-        for a in range(0, T, rows):
-            b = min(a + rows, T)
-            kt, fb = min(b + future_dim, T), min(b - 1 + future_dim, C - 1)
-            i = torch.arange(a, b, device=device).view(-1, 1)  # query positions
-            j = torch.arange(kt, device=device).view(1, -1)  # key positions
-            key_m = torch.arange(a + 1, fb + 1, device=device).view(1, -1)  # m + 1
-            allowed = torch.cat([j[:, :b] <= i, (key_m > i) & (key_m <= i + future_dim)], dim=1)
-            mask = torch.where(allowed, 0.0, float("-inf")).to(dtype)  # (Tb, b+F)
-            band = torch.where(j <= i + future_dim, 0.0, float("-inf")).to(dtype)  # (Tb, kt)
-            blocks.append((a, b, kt, fb, mask, band, (j[:, a:] > i).to(dtype)))
-        _fast_plans[key] = blocks
+        _fast_plans[key] = build_fast_plan(*key)
     return _fast_plans[key]
+
+
+def build_fast_plan(T, C, future_dim, queries_per_block, device, dtype):
+    n_blocks = -(-T // queries_per_block)
+    rows = -(-T // n_blocks)  # even blocks: T = 200 gives 4 x 50, not 64+64+64+8
+    blocks = []
+    for a in range(0, T, rows):
+        b = min(a + rows, T)
+        kt, fb = min(b + future_dim, T), min(b - 1 + future_dim, C - 1)
+        i = torch.arange(a, b, device=device).view(-1, 1)  # query positions
+        j = torch.arange(kt, device=device).view(1, -1)  # key positions
+        key_m = torch.arange(a + 1, fb + 1, device=device).view(1, -1)  # m + 1
+        allowed = torch.cat([j[:, :b] <= i, (key_m > i) & (key_m <= i + future_dim)], dim=1)
+        mask = torch.where(allowed, 0.0, float("-inf")).to(dtype)  # (Tb, b+F)
+        band = torch.where(j <= i + future_dim, 0.0, float("-inf")).to(dtype)  # (Tb, kt)
+        blocks.append((a, b, kt, fb, mask, band, (j[:, a:] > i).to(dtype)))
+    return blocks
 
 
 def future_attention_fast(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
@@ -139,11 +174,13 @@ def flex_mask(mask, T, n_keys, future_dim, device):
     i < m+1 <= i+future_dim over the future columns m, 'band' i < j <= i+future_dim over the
     keys k, the real future keys the target reads."""
     from torch.nn.attention.flex_attention import create_block_mask
+    allowed = {"causal": lambda b, h, i, j: j <= i,
+               "future": lambda b, h, i, m: (m + 1 > i) & (m + 1 <= i + future_dim),
+               "band": lambda b, h, i, j: (j > i) & (j <= i + future_dim)}[mask]
+    if torch.compiler.is_compiling():  # built in the graph, as fast_plan's masks: no guard on the cache
+        return create_block_mask(allowed, None, None, T, n_keys, device=device)
     key = (mask, T, n_keys, future_dim, device)
     if key not in _flex_masks:
-        allowed = {"causal": lambda b, h, i, j: j <= i,
-                   "future": lambda b, h, i, m: (m + 1 > i) & (m + 1 <= i + future_dim),
-                   "band": lambda b, h, i, j: (j > i) & (j <= i + future_dim)}[mask]
         _flex_masks[key] = create_block_mask(allowed, None, None, T, n_keys, device=device)
     return _flex_masks[key]
 

@@ -26,6 +26,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+import model_baseline as mb
 import model_future_attn as mf
 from conftest import REPO, tiny
 from lib import future_attn_kernels as kernels
@@ -201,16 +202,17 @@ def test_auto_picks_readable_before_the_window_is_full(monkeypatch):
 
 
 def test_dispatch_errors():
+    # a name, and whether its version applies to the layer, are checked once, when it is set
     layer, x = first_layer(bias=True, dropout=0.1)
-    layer.impl = "quick"
     with pytest.raises(ValueError, match="unknown future attention impl"):
-        layer(x)
-    layer.impl = "fast"
+        layer.set_impl("quick")
+    with pytest.raises(ValueError, match="K_future_bias"):
+        layer.set_impl("flex")
+    assert layer.impl == "auto"  # unchanged by the refusals
+    layer.set_impl("fast")  # dropout depends on the mode: checked at the call
+    layer.eval()(x)
     with pytest.raises(ValueError, match="no attention dropout"):
         layer.train()(x)
-    layer.impl = "flex"
-    with pytest.raises(ValueError, match="K_future_bias"):
-        layer.eval()(x)
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
@@ -238,13 +240,12 @@ def test_auto_runs_the_readable_computed_attention(dropout_p, monkeypatch):
 @pytest.mark.parametrize("impl", ["fast", "flex"])
 def test_computed_future_keys_refuse_the_fast_paths(impl):
     layer, x = first_layer(future_kv="computed")
-    layer.impl = impl
     with pytest.raises(ValueError, match=f"impl='{impl}' has no computed future keys"):
-        layer(x)
+        layer.set_impl(impl)
     # and so does a model set onto them (bench.py --impl=fast), with a message that says what to use
-    model = tiny(mf, SIZES, future_kv="computed").set_impl(impl)
+    model = tiny(mf, SIZES, future_kv="computed")
     with pytest.raises(ValueError, match="future_kv='computed'.*use impl='readable' or 'auto'"):
-        model(torch.randint(50, (1, 16)))
+        model.set_impl(impl)
 
 
 def test_set_impl_sets_every_future_layer_and_nothing_saved():
@@ -364,6 +365,62 @@ def assert_causal(model, idx, targets, positions, vocab_size):
 
 
 # --------------------------------------------------------------------------------------
+# graphs under torch.compile: on a GPU each one is a compile of tens of seconds, so future
+# attention compiles no more of them than the baseline needs, plus one where a faster version
+# takes over. The backends here count dynamo's graphs and run them as they are: the count is
+# the same whichever backend compiles them in earnest.
+
+
+def one_layer(module, **options):
+    """A one-layer model of the sizes here: tracing costs time per layer, and one shows every graph."""
+    sizes = {key: value for key, value in SIZES.items() if module is mf or key != "future_dim"}
+    return tiny(module, sizes, n_layer=1, **options)
+
+
+def sampling_graphs(module):
+    """The graphs generate() compiles under torch.compile(dynamic=True), as sample.py compiles
+    the forward, from a 1-token prompt past the window: T = 1, 2, ..., C, then C sliding."""
+    torch._dynamo.reset()
+    model = one_layer(module).eval()
+    graphs = []
+    model.forward = torch.compile(model.forward, dynamic=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+    with torch.no_grad(), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=SIZES["block_size"] + 3, top_k=1)
+    return len(graphs)
+
+
+def test_sampling_compiles_one_graph_more_than_the_baseline():
+    # the baseline: T = 1 (dynamo specializes length 1), then every other length and the window in
+    # one graph; future attention: one more at T = C, where the blocked version takes over
+    baseline = sampling_graphs(mb)
+    assert baseline == 2
+    assert sampling_graphs(mf) == baseline + 1  # at most 3
+
+
+def training_graphs(module, device="cpu", **options):
+    """Dynamo's graphs for two rounds of a training step (forward and backward) then an evaluation
+    (no gradients) of a compiled model, as train.py compiles it."""
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    model = one_layer(module, **options).to(device)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    idx = torch.randint(50, (2, SIZES["block_size"]), generator=torch.Generator().manual_seed(0)).to(device)
+    for _ in range(2):
+        compiled.train()(idx, idx)[1].backward()
+        with torch.no_grad():
+            compiled.eval()(idx, idx)
+    return counter.frame_count
+
+
+def test_training_compiles_as_many_graphs_as_the_baseline(monkeypatch):
+    # one for training and one for evaluation: the blocked version's masks, cached for eager
+    # calls, are built in the graph instead of read from a cache that the first call fills
+    monkeypatch.setattr(kernels, "_fast_plans", {})  # empty, as train.py's first step finds it
+    assert training_graphs(mf) == training_graphs(mb) == 2
+
+
+# --------------------------------------------------------------------------------------
 # FlexAttention on a GPU (skipped without one; CI has none, run them on a GPU machine)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -400,6 +457,14 @@ def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_ta
     for name, a, b in zip(["q", "k", "v", "K_future", "V_future", "V_future_bias"], grads, ref_grads):
         assert torch.isfinite(a).all(), f"grad {name} is not finite"
         torch.testing.assert_close(a, b, **CUDA_TOL, msg=lambda m: f"grad {name}: {m}")
+
+
+@cuda
+def test_flex_training_compiles_as_many_graphs_as_the_baseline(monkeypatch):
+    # the block masks as the blocked version's: built in the graph, not read from their cache
+    monkeypatch.setattr(kernels, "_flex_masks", {})
+    sizes = dict(n_head=2, n_embd=32)  # head size 16
+    assert training_graphs(mf, "cuda", **sizes) == training_graphs(mb, "cuda", **sizes) == 2
 
 
 @cuda
