@@ -137,7 +137,10 @@ def build(label, config, impl, micro_steps=None):
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
     if config["model_type"] == "future_attn":
-        model.set_impl(impl)
+        try:
+            model.set_impl(impl)
+        except ValueError as e:  # an implementation that cannot compute this config's attention
+            raise configurator.ConfigError(str(e)) from None
     optimizer = model.configure_optimizers(
         config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
     )

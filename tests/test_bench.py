@@ -187,6 +187,13 @@ def test_modes_do_not_mix(capsys):
     assert "add --profile" in capsys.readouterr().err
 
 
+def test_an_implementation_that_cannot_compute_the_config_is_one_line(capsys):
+    computed = ["config/future50_mse_computed.py", *SMALL[1:], "--future_dim=4", "--iters=1", "--warmup=0"]
+    assert bench.main([*computed, "--impl=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: impl='fast' has no computed future keys") and err.count("\n") == 1
+
+
 def test_flags_as_key_space_value(capsys):
     spaced = ["config/tiny_cpu.py", "--iters", "3", "--compare", "--impl", "readable,fast", "--batch_size", "2",
               "--profile", "0", "--device", "cpu"]

@@ -234,3 +234,12 @@ def test_a_model_setting_a_flag_makes_impossible_names_the_config_file(tmp_path,
     assert train.main([str(config), "--n_layer=2", "--device=cpu"]) == 2
     err = last_error(capsys)
     assert err.startswith(f"error: {config}: ") and "end_layer" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*.py"))), ids=os.path.basename)
+def test_every_config_builds_with_fewer_layers(path):
+    # a config says only what differs from the defaults: --n_layer shrinks any of them
+    for n_layer in (1, 2):
+        args = settings.model_args_of(settings.get_config([path, f"--n_layer={n_layer}"]))
+        if "end_layer" in args:
+            assert args["end_layer"] == n_layer
