@@ -402,7 +402,7 @@ def detokenize(text):
 def encoded_documents(docs, num_threads, detokenize_first):
     """(tokens, chars, bytes) of each document, in order, its tokens ending with <|endoftext|>. tiktoken encodes
     about BATCH_CHARS characters at a time on num_threads threads (its Rust encoder releases the GIL)."""
-    enc = tiktoken.get_encoding("gpt2")  # 50,257 token ids: they fit in uint16
+    enc = tiktoken.get_encoding("gpt2")  # 50,257 token ids: they fit in uint16 (np.fromiter refuses any other)
     batch, size = [], 0
     for doc in itertools.chain(docs, [None]):  # None: the end, which sends the last batch
         if doc is not None:
@@ -716,6 +716,7 @@ def prepare_data(argv):
         check_settings(args)
         with writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
             os.makedirs(args.out_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.out_dir).close()
             lock = lock_out_dir(args.out_dir)
         with lock:
             return run(args)
