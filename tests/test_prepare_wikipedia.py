@@ -11,7 +11,8 @@ URLs, bad zips, sha256 checks and pins, caches reused only for their own source,
 are not retried), the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM,
 a signal while tokenizing) or a failed write (a full disk, a read-only folder) leaves no output under
 the final names and an earlier set as it was, the lock on the data folder (a second preparation, a
-run that reads it), and the warning about a val split too small to estimate a loss on.
+run that reads it), the warning about a val split too small to estimate a loss on, and bench.py's
+--prepare mode.
 
     python -m pytest test_prepare_wikipedia.py
 
@@ -27,6 +28,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +42,7 @@ import pytest
 import tiktoken
 
 from lib import cli, data, settings
+import bench
 import prepare_wikipedia as pw
 from conftest import REPO
 
@@ -1259,3 +1262,22 @@ def test_zip_settings_that_contradict(tmp_path, flags, problem):
     message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
     assert message.startswith("error: ") and problem in message and "\n" not in message
 
+
+# --------------------------------------------------------------------------- bench.py --prepare
+
+def test_the_bench_corpus_is_wikitext_like(tmp_path):
+    path = tmp_path / "corpus.txt"
+    bench.write_corpus(str(path), 300_000)
+    text = path.read_text()
+    assert len(text) == 300_000 and " @-@ " in text and " , " in text
+    docs = list(pw.file_documents([str(path)]))
+    assert len(docs) > 10 and all(pw.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
+
+
+def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
+    # one round on a small corpus: bench_prepare itself checks that prepare and tiktoken made the same tokens
+    assert bench.main(["--prepare", "--mb", "0.3", "--rounds", "1", "--memory_at", ""]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"tokenizer threads; load average [\d.]+ on \d+ CPUs", printed)
+    assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+\n", printed)
+    assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)
