@@ -385,15 +385,17 @@ def detokenize(text):
          The show 's 1 @,@ 000 " best " of 3 @.@ 5 , and    The show's 1,000 "best" of 3.5, and
 
     Each rule asks for WikiText's pattern, a space on both sides of a mark and at both ends of a line, so
-    ordinary prose and code pass unchanged; text that spaces its own marks so (C's `a ? b : c`) does not.
+    ordinary prose and code pass unchanged; text that spaces its own marks that way (French `Attention !`,
+    C's `a ? b : c`) would be changed: leave --detokenize off for it.
     """
     text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)  # headings, any level
     text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)  # the space at both ends of a line
     text = re.sub(r" @([-,.])@ ", r"\1", text)  # inside words and numbers: guest-starring, 1,000, 3.5
-    text = re.sub(r'(?<!\S)" ([^"\n]*?) "(?!\S)', r'"\1"', text)  # a pair of double quotes
+    # each lookbehind comes after its literal, which the regex engine finds quickly: (?<!\S)\( is slow
+    text = re.sub(r'" (?<!\S" )([^"\n]*?) "(?!\S)', r'"\1"', text)  # a pair of double quotes
     text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)  # clitics: it's, don't, they're
-    text = re.sub(r"(?<=s) '(?= )", "'", text)  # plural possessive: the players' union
-    text = re.sub(r"(?<!\S)\( ", "(", text)  # no space after an opening parenthesis
+    text = re.sub(r" '(?<=s ')(?= )", "'", text)  # plural possessive: the players' union
+    text = re.sub(r"\( (?<!\S\( )", "(", text)  # no space after an opening parenthesis
     return re.sub(r" ([,.;:!?)])(?=\s|$)", r"\1", text)  # no space before punctuation
 
 

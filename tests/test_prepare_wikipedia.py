@@ -279,6 +279,28 @@ def test_detokenize_leaves_ordinary_text_unchanged():
     assert pw.detokenize(text) == text
 
 
+def test_detokenize_rules_match_their_plain_forms():
+    # detokenize() writes each lookbehind after its literal, for speed; the plain forms, with the
+    # lookbehind first, are the reference
+    def plain(text):
+        text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)
+        text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)
+        text = re.sub(r" @([-,.])@ ", r"\1", text)
+        text = re.sub(r'(?<!\S)" ([^"\n]*?) "(?!\S)', r'"\1"', text)
+        text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)
+        text = re.sub(r"(?<=s) '(?= )", "'", text)
+        text = re.sub(r"(?<!\S)\( ", "(", text)
+        return re.sub(r" ([,.;:!?)])(?=\s|$)", r"\1", text)
+
+    rng = np.random.default_rng(0)
+    pieces = [" ", "\n", '"', "'", "(", ")", "s", "t", "a", ",", ".", "@", "-", "=", "s '", '" ', "( ", " = "]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces, size=rng.integers(0, 30)))
+        assert pw.detokenize(text) == plain(text), repr(text)
+    wikitext = "".join(WIKITEXT_LINES) * 3
+    assert pw.detokenize(wikitext) == plain(wikitext)
+
+
 def test_detokenize_flag(tmp_path):
     paths = write_files(tmp_path, [ARTICLES])
     for flags, detokenized in [([], False), (["--detokenize"], True)]:
