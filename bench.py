@@ -11,6 +11,8 @@ warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-b
     python bench.py config/future50_mse.py --sweep_block_size=256,512,1024,2048 --batch_size=8
     python bench.py config/baseline.py --profile                   # where a step's time goes, by kind
     python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation, same tokens
+    python bench.py --prepare                                       # prepare_wikipedia.py's speed and memory
+    python bench.py --causal=my_model.py:build                      # check_causal.py --model, timed per model
 
 --compare runs all configs in one process, one step of each in turn, and prints each one's
 time over the first's, the median of the per-round ratios: a busy machine slows every
@@ -400,11 +402,136 @@ def causal_seconds(models):
         checks = re.search(r"\[the checks: ([\d.]+) s\]", done.stdout)  # a leak ends the checks early: no total
         verdict = {0: "causal", 1: "leak"}.get(done.returncode) or (done.stderr.strip().splitlines() or ["?"])[-1]
         print(f"{spec:40s} {wall:7.1f} {cpu:6.1f} {checks.group(1) if checks else '-':>8s}  {verdict}")
+
+
+# --------------------------------------------------------------------------------------
+# prepare_wikipedia.py: how fast on a large corpus, and in how much memory (bench.py --prepare)
+
+PREPARE_CHILD = """
+import json, re, sys, time
+import prepare_wikipedia, tiktoken
+tiktoken.get_encoding("gpt2")  # loaded once per process, as the modules are: not part of the speed
+
+def status(key):  # in MiB, from the kernel's account of this process
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{key}:\\s+(\\d+) kB", f.read()).group(1)) / 1024
+
+imports = status("VmRSS")  # the interpreter and the modules, torch's among them
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak so far was the imports': start it again from here
+t0 = time.perf_counter()
+meta = prepare_wikipedia.prepare_data(sys.argv[1:])
+print(json.dumps(dict(seconds=time.perf_counter() - t0, tokens=meta["train"]["tokens"] + meta["val"]["tokens"],
+                      peak=status("VmHWM"), imports=imports)))
+"""
+
+
+def write_corpus(path, chars, seed=0):
+    """About `chars` characters of WikiText-like articles (` = Title = ` headings, ` @-@ ` and ` , ` marks,
+    numbers) of English words drawn from this repository's docs; a text of at most 5 MB, repeated."""
+    import glob, random  # noqa: E401 (this mode's own)
+    docs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "*.md")))
+    words = re.findall(r"[A-Za-z]+", " ".join(open(doc).read() for doc in docs))
+    rng, articles, size = random.Random(seed), [], 0
+    while size < min(chars, 5e6):
+        paragraphs = []
+        for _ in range(rng.randint(2, 12)):
+            n = rng.randint(40, 160)
+            marks = rng.choices([" ", " , ", " . ", " @-@ ", " 's ", f" {rng.randint(1, 2000)} "],
+                                weights=[85, 5, 5, 2, 1, 2], k=n)
+            paragraphs.append(" " + "".join(w + m for w, m in zip(rng.choices(words, k=n), marks)) + ". \n \n")
+        articles.append(f" = {' '.join(rng.choices(words, k=3))} = \n \n" + "".join(paragraphs))
+        size += len(articles[-1])
+    text = "".join(articles)
+    with open(path, "w") as f:
+        for start in range(0, int(chars), len(text)):
+            f.write(text[:int(chars) - start])
+
+
+def run_prepare(argv):
+    """prepare_wikipedia.py with argv in a child process: its seconds (after the imports), tokens, peak memory."""
+    import json, subprocess  # noqa: E401 (this mode's own)
+    child = subprocess.run([sys.executable, "-c", PREPARE_CHILD, *argv], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+    if child.returncode:
+        raise cli.UserError(f"prepare_wikipedia.py failed: {child.stderr.strip().splitlines()[-1]}")
+    return json.loads(child.stdout.splitlines()[-1])
+
+
+def tiktoken_seconds(batches, num_threads):
+    """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an <|endoftext|>
+    counted per document; each batch's tokens are dropped as the next is encoded, as prepare drops them."""
+    import tiktoken
+    encoding = tiktoken.get_encoding("gpt2")
+    t0 = time.perf_counter()
+    tokens = sum(len(ids) + 1 for batch in batches for ids in encoding.encode_ordinary_batch(batch, num_threads=num_threads))
+    return time.perf_counter() - t0, tokens
+
+
+def bench_prepare(argv):
+    """python bench.py --prepare [--mb 50] [--num_proc N] [--rounds 3] [--memory_at 4]: prepare_wikipedia.py
+    on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it, run in a child process. Its
+    tokens per second are set beside tiktoken's own encode_ordinary_batch on the same documents, in the
+    same batches, with the same threads, timed before and after each of --rounds runs of prepare: the
+    ratio to their mean holds on a busy machine where the speeds wander. Its peak memory (RSS) is measured
+    on that corpus and on one --memory_at times larger."""
+    import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
+    import prepare_wikipedia
+    parser = argparse.ArgumentParser(prog="bench.py --prepare")
+    parser.add_argument("--mb", type=float, default=50, help="the corpus, in millions of characters")
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of prepare, each between two of tiktoken")
+    parser.add_argument("--memory_at", default="4", help="larger corpora whose peak memory is measured, in --mb")
+    args = parser.parse_args(argv)
+    print(f"prepare_wikipedia.py, {args.num_proc} tokenizer threads; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
+    folder = tempfile.mkdtemp(prefix="bench_prepare_")
+    val, corpus = os.path.join(folder, "val.txt"), os.path.join(folder, "train.txt")
+    prepare_argv = ["--input", corpus, "--val", val, "--out_dir", os.path.join(folder, "out"),
+                    "--num_proc", str(args.num_proc)]
+
+    def report_memory(runs, scale):
+        peak, imports = max(run["peak"] for run in runs), max(run["imports"] for run in runs)
+        print(f"{scale:g}x ({os.path.getsize(corpus) / 1e6:.0f} MB of text): peak memory {peak:.0f} MiB, "
+              f"{peak - imports:.0f} MiB above the imports' {imports:.0f} MiB")
+
+    try:
+        write_corpus(val, args.mb * 1e6 / 50, seed=1)
+        write_corpus(corpus, args.mb * 1e6)
+        batches = []  # the documents, in prepare's batches: of about BATCH_CHARS characters, per split
+        for path in (corpus, val):
+            batches.append([])
+            for doc in prepare_wikipedia.file_documents([path]):
+                if sum(map(len, batches[-1])) >= prepare_wikipedia.BATCH_CHARS:
+                    batches.append([])
+                batches[-1].append(doc)
+        before, tokens = tiktoken_seconds(batches, args.num_proc)
+        runs, ratios = [], []
+        for _ in range(args.rounds):  # tiktoken, prepare, tiktoken, prepare, ..., tiktoken
+            runs.append(run_prepare(prepare_argv))
+            after, _ = tiktoken_seconds(batches, args.num_proc)
+            assert runs[-1]["tokens"] == tokens, "prepare and tiktoken tokenized different text"
+            tiktoken_s = (before + after) / 2  # tiktoken's time around prepare's: a load that drifts cancels out
+            ratios.append(tiktoken_s / runs[-1]["seconds"])
+            print(f"{tokens / 1e6:.1f}M tokens: tiktoken {tokens / tiktoken_s / 1e6:.2f}M tokens/s, prepare "
+                  f"{tokens / runs[-1]['seconds'] / 1e6:.2f}M tokens/s: ratio {ratios[-1]:.2f}")
+            before = after
+        print(f"ratio, median of {args.rounds}: {statistics.median(ratios):.2f} (goal: 0.85 or more)")
+        del batches
+        report_memory(runs, 1)
+        for scale in [float(scale) for scale in args.memory_at.split(",") if scale]:
+            write_corpus(corpus, scale * args.mb * 1e6)
+            report_memory([run_prepare(prepare_argv)], scale)
+    finally:
+        shutil.rmtree(folder)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 
 @cli.main
 def main(argv):
+    if argv[:1] == ["--prepare"]:  # prepare_wikipedia.py's speed and memory: bench_prepare
+        return bench_prepare(argv[1:])
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
         return 0

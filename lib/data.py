@@ -166,9 +166,6 @@ def is_utf8(head):
 
 
 def sha256_of(path):
-    """The SHA-256 of the file at path, as 64 hex digits, read a MiB at a time."""
-    sha = hashlib.sha256()
+    """The SHA-256 of the file at path, as 64 hex digits."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            sha.update(chunk)
-    return sha.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

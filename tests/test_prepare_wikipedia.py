@@ -3,14 +3,16 @@ Tests for prepare_wikipedia.py, and only for it: what belongs here is anything t
 from reading text to the files it leaves in --out_dir. Fixtures that other test files need too go
 to conftest.py; tests of train.py's side of the data (data.py) go to that module's test file.
 
-Covered: documents and splits on local text, the --max_chars cap, the write-ups' split (cut at the
-nearest document boundary), the WikiText detokenizer, refusing binary input, the download against
-local HTTP servers (resume, servers that ignore Range, redirects, fallback URLs, bad zips, sha256
-checks and pins, caches reused only for their own source, errors that are and are not retried),
-the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM) or a failed write
-(a full disk, a read-only folder) leaves no output under the final names and an earlier set as it
-was, the lock on the data folder (a second preparation, a run that reads it), and the warning about
-a val split too small to estimate a loss on.
+Covered: documents and splits on local text, tokens identical to tiktoken's own, one batch of text
+held at a time, the --max_chars cap, the write-ups' split (cut at the nearest document boundary), the
+WikiText detokenizer, refusing binary input, the download against local HTTP servers (resume, a
+connection cut half-way, servers that ignore Range, a busy server's Retry-After, redirects, fallback
+URLs, bad zips, sha256 checks and pins, caches reused only for their own source, errors that are and
+are not retried), the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM,
+a signal while tokenizing) or a failed write (a full disk, a read-only folder) leaves no output under
+the final names and an earlier set as it was, the lock on the data folder (a second preparation, a
+run that reads it), the warning about a val split too small to estimate a loss on, and bench.py's
+--prepare mode.
 
     python -m pytest test_prepare_wikipedia.py
 
@@ -26,6 +28,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -38,7 +41,8 @@ import numpy as np
 import pytest
 import tiktoken
 
-from lib import cli, data
+from lib import cli, data, settings
+import bench
 import prepare_wikipedia as pw
 from conftest import REPO
 
@@ -127,6 +131,44 @@ def test_parallel_matches_serial(tmp_path, monkeypatch):
         pw.prepare_data(["--input", *paths, "--out_dir", str(tmp_path / num_proc), "--num_proc", num_proc])
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
+
+
+@pytest.mark.parametrize("num_proc", ["1", "2"])
+def test_tokens_are_tiktokens_own(tmp_path, monkeypatch, num_proc):
+    monkeypatch.setattr(pw, "BATCH_CHARS", 300)  # several batches of several documents each
+    docs = ARTICLES + [" = Ünïcödé 日本語 = \n \n an emoji 🎉 , a tab\there and  two  spaces <|endoftext|> . \n \n"]
+    *paths, val = write_files(tmp_path, [docs[:4], docs[4:7], docs[7:]])
+    out = tmp_path / "out"
+    pw.prepare_data(["--input", *paths, "--val", val, "--out_dir", str(out), "--num_proc", num_proc])
+    for split, split_docs in [("train", docs[:7]), ("val", docs[7:])]:  # tiktoken called directly, one by one
+        expected = [token for doc in split_docs for token in ENC.encode_ordinary(doc) + [ENC.eot_token]]
+        assert np.fromfile(out / f"{split}.bin", dtype=np.uint16).tolist() == expected
+
+
+def test_the_text_is_tokenized_one_batch_at_a_time(monkeypatch):
+    # memory holds one batch of documents and its tokens, whatever the size of the text
+    monkeypatch.setattr(pw, "BATCH_CHARS", 1000)
+    texts, read, batches = [article(i) for i in range(60)], [], []
+
+    def documents():  # notes how far the text has been read
+        for text in texts:
+            read.append(text)
+            yield text
+
+    real_encode = ENC.encode_ordinary_batch
+
+    def encode(batch, **kwargs):
+        batches.append((list(batch), len(read)))
+        return real_encode(batch, **kwargs)
+
+    monkeypatch.setattr(ENC, "encode_ordinary_batch", encode)
+    encoded = list(pw.encoded_documents(documents(), num_threads=2, detokenize_first=False))
+    assert [doc for batch, _ in batches for doc in batch] == texts and len(batches) > 5
+    for i, (batch, read_then) in enumerate(batches):
+        assert sum(map(len, batch[:-1])) < 1000  # its last document took it to BATCH_CHARS
+        assert read_then == sum(len(b) for b, _ in batches[:i + 1])  # nothing read ahead of the batch
+    assert [tokens.tolist() for tokens, _, _ in encoded] == [ENC.encode_ordinary(t) + [ENC.eot_token] for t in texts]
+    assert [(chars, n_bytes) for _, chars, n_bytes in encoded] == [(len(t), len(t.encode())) for t in texts]
 
 
 def test_max_chars_caps_train_only(tmp_path):
@@ -237,6 +279,28 @@ def test_detokenize_leaves_ordinary_text_unchanged():
     assert pw.detokenize(text) == text
 
 
+def test_detokenize_rules_match_their_plain_forms():
+    # detokenize() writes each lookbehind after its literal, for speed; the plain forms, with the
+    # lookbehind first, are the reference
+    def plain(text):
+        text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)
+        text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)
+        text = re.sub(r" @([-,.])@ ", r"\1", text)
+        text = re.sub(r'(?<!\S)" ([^"\n]*?) "(?!\S)', r'"\1"', text)
+        text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)
+        text = re.sub(r"(?<=s) '(?= )", "'", text)
+        text = re.sub(r"(?<!\S)\( ", "(", text)
+        return re.sub(r" ([,.;:!?)])(?=\s|$)", r"\1", text)
+
+    rng = np.random.default_rng(0)
+    pieces = [" ", "\n", '"', "'", "(", ")", "s", "t", "a", ",", ".", "@", "-", "=", "s '", '" ', "( ", " = "]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces, size=rng.integers(0, 30)))
+        assert pw.detokenize(text) == plain(text), repr(text)
+    wikitext = "".join(WIKITEXT_LINES) * 3
+    assert pw.detokenize(wikitext) == plain(wikitext)
+
+
 def test_detokenize_flag(tmp_path):
     paths = write_files(tmp_path, [ARTICLES])
     for flags, detokenized in [([], False), (["--detokenize"], True)]:
@@ -338,6 +402,12 @@ def test_writeup_defaults_are_the_write_ups_counts():
     assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
 
 
+def test_the_write_ups_run_length_comes_from_their_config():
+    config = settings.get_config([os.path.join(REPO, "config", "future50_mse.py")])
+    run_tokens = config["max_iters"] * config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
+    assert pw.WRITEUP_RUN_TOKENS == run_tokens == 1_440_000_000  # the write-ups' 1.44B tokens
+
+
 @pytest.mark.parametrize("flags, problem", [
     (["--split=writeup", "--max_chars", "1000"], "--max_chars does not apply to --split=writeup"),
     (["--split=writeup", "--val", "v.txt"], "--val does not apply to --split=writeup"),
@@ -435,9 +505,9 @@ def test_stale_temporary_files_are_removed(tmp_path, capsys):
 
 
 LOCK_HOLDER = """
-import sys, time
-import prepare_wikipedia as pw
-lock = pw.lock_out_dir(sys.argv[1])
+import fcntl, os, sys, time
+lock = open(os.path.join(sys.argv[1], "data.lock"), "a+")  # what a preparation holds while it writes
+fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -495,15 +565,15 @@ def test_a_folder_a_run_reads_is_not_written(tmp_path):
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
 def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
     monkeypatch.setattr(pw, "BATCH_CHARS", 1)  # one document per batch
-    real_encode_batch, calls = pw.encode_batch, []
+    real_encode, calls = ENC.encode_ordinary_batch, []
 
-    def failing_encode_batch(docs, **kwargs):
+    def failing_encode(docs, **kwargs):
         calls.append(docs)
         if len(calls) == 4:
             raise crash("simulated crash mid-tokenization")
-        return real_encode_batch(docs, **kwargs)
+        return real_encode(docs, **kwargs)
 
-    monkeypatch.setattr(pw, "encode_batch", failing_encode_batch)
+    monkeypatch.setattr(ENC, "encode_ordinary_batch", failing_encode)  # tiktoken's one gpt2 Encoding, pw's too
     paths = write_files(tmp_path, [ARTICLES])
     out = tmp_path / "out"
     argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
@@ -557,25 +627,24 @@ def earlier_set(tmp_path):
     return out, {name: (out / name).read_bytes() for name in pw.OUTPUTS}
 
 
-FULL = "free some space on that disk, or pass --out_dir DIR on one with room"
-NOT_WRITABLE = "pass --out_dir DIR somewhere writable"
+FULL = cli.ADVICE[errno.ENOSPC]  # what to do, in the words train.py's messages use too
 
 
-@pytest.mark.parametrize("name, error, room, buffer_size, fix", [
-    ("train.bin.tmp", errno.ENOSPC, 300, 64, FULL),  # partway through: a write() fails
-    ("val.bin.tmp", errno.ENOSPC, 0, io.DEFAULT_BUFFER_SIZE, FULL),  # the buffered bytes, flushed at close
-    ("meta.json.tmp", errno.EROFS, None, None, NOT_WRITABLE),  # at open
-    ("train.bin.tmp", errno.EACCES, None, None, NOT_WRITABLE),
+@pytest.mark.parametrize("name, error, room, buffer_size", [
+    ("train.bin.tmp", errno.ENOSPC, 300, 64),  # partway through: a write() fails
+    ("val.bin.tmp", errno.ENOSPC, 0, io.DEFAULT_BUFFER_SIZE),  # the buffered bytes, flushed at close
+    ("meta.json.tmp", errno.EROFS, None, None),  # at open
+    ("train.bin.tmp", errno.EACCES, None, None),
 ])
-def test_a_failed_write_keeps_the_earlier_set(tmp_path, monkeypatch, name, error, room, buffer_size, fix):
+def test_a_failed_write_keeps_the_earlier_set(tmp_path, monkeypatch, name, error, room, buffer_size):
     out, earlier = earlier_set(tmp_path)
     paths = write_files(tmp_path, [ARTICLES])  # a new text: new outputs, if they were written
     broken = break_open(monkeypatch, name, error, room, buffer_size)
     message = exit_message(["--input", *paths, "--out_dir", str(out), "--num_proc", "1"])
     cause = {errno.ENOSPC: "no space left on device", errno.EROFS: "read-only file system",
              errno.EACCES: "permission denied"}[error]
-    assert message == (f"error: cannot write {out / name}: {cause}; no output written under the final names; "
-                       f"HINT: {fix}")
+    assert message == (f"error: cannot write {out / name}: {cause}; {cli.ADVICE[error]}; "
+                       "no output written under the final names")
     assert broken == [str(out / name)]
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # no temporary file left
     assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier
@@ -594,8 +663,8 @@ def test_a_failed_rename_says_the_set_is_incomplete(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", replace_on_a_full_disk)
     argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
     message = exit_message(argv)
-    assert message == (f"error: cannot rename {out / 'val.bin.tmp'} to {out / 'val.bin'}: no space left on device; "
-                       f"{out} is left without meta.json, an incomplete set that the next run redoes; HINT: {FULL}")
+    assert message == (f"error: cannot write {out / 'val.bin'}: no space left on device; {FULL}; "
+                       f"{out} is left without meta.json, an incomplete set that the next run redoes")
     # without meta.json, train.py cannot take the mixed set for a checked one
     assert outputs(out) == ["train.bin", "val.bin"] and (out / "val.bin").read_bytes() == earlier["val.bin"]
     monkeypatch.setattr(os, "replace", real_replace)
@@ -653,7 +722,7 @@ SLOW_RUN = """
 import signal, sys, time
 import prepare_wikipedia as pw
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever the test runner's
-pw.BATCH_CHARS = 1  # one document a task: the tokenizer processes stay busy
+pw.BATCH_CHARS = 1  # one document a batch: the tokenizer threads stay busy
 real_read_documents = pw.read_documents
 
 def slow_read_documents(lines):  # a few ms a document: a run long enough to be stopped while it writes
@@ -667,7 +736,7 @@ sys.exit(pw.main(sys.argv[1:]))
 
 
 def processes_in_session(session):
-    """The live processes (zombies aside) of a session, from /proc: the run and its tokenizer processes."""
+    """The live processes (zombies aside) of a session, from /proc: the run, and any it started."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
@@ -685,19 +754,30 @@ def size(path):
     return 0
 
 
-def test_a_signal_while_held_is_raised_when_the_hold_ends():
-    previous = signal.signal(signal.SIGTERM, pw.on_signal)
-    reached_the_end = False
-    try:
-        with pytest.raises(cli.Stopped, match="stopped by SIGTERM"):
-            with pw.signals_held():  # as around the forks that start the tokenizer processes
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.01)  # the handler runs in here
-                reached_the_end = True
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert reached_the_end  # not raised inside the block
-    assert pw.HOLD == {"on": False, "signal": None}
+def test_a_signal_while_tokenizing_stops_the_run_cleanly(tmp_path, monkeypatch):
+    # the tokenizer's threads never see a signal (only the main thread does): one that arrives while they
+    # work is raised in the main thread once it runs again, and the run stops as for any other signal
+    out, earlier = earlier_set(tmp_path)
+    monkeypatch.setattr(pw, "BATCH_CHARS", 1)  # one document per batch
+    real_encode, calls = ENC.encode_ordinary_batch, []
+
+    def encode_then_signal(docs, **kwargs):
+        calls.append(docs)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered while the threads tokenize
+        return real_encode(docs, **kwargs)
+
+    monkeypatch.setattr(ENC, "encode_ordinary_batch", encode_then_signal)
+    paths = write_files(tmp_path, [ARTICLES])
+    threads = threading.active_count()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "2"])
+    assert status == 143 and err.getvalue().splitlines()[-1] == "stopped by SIGTERM: no output written under the final names"
+    assert len(calls) == 3  # stopped at once: no batch tokenized after it
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # no temporary file left
+    assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier
+    assert threading.active_count() == threads  # no tokenizer thread left running
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the run's processes in /proc")
@@ -738,18 +818,26 @@ def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status,
     deadline = time.monotonic() + 5
     while processes_in_session(run.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_in_session(run.pid) == []  # no tokenizer process left running
+    assert processes_in_session(run.pid) == []  # nothing left running
 
 
 # --------------------------------------------------------------------------- download
 
 class Handler(http.server.BaseHTTPRequestHandler):
     """Serves server.files (bytes, an HTTP error code, or a URL to redirect to), honouring Range unless
-    told not to; logs (path, Range, User-Agent)."""
+    told not to; answers the first server.busy requests with 503 and Retry-After; logs (path, Range,
+    User-Agent)."""
 
     def do_GET(self):
         server = self.server
         server.log.append((self.path, self.headers.get("Range"), self.headers.get("User-Agent")))
+        if server.busy:  # overloaded for a while: come back in Retry-After seconds
+            server.busy -= 1
+            self.send_response(503)
+            self.send_header("Retry-After", str(server.retry_after))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         data = server.files.get(self.path, 404)
         if isinstance(data, int):
             self.send_error(data)
@@ -782,7 +870,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def serving():
     """A Handler server on 127.0.0.1, on a free port, for the duration of the block."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.files, srv.log, srv.honor_range, srv.drop_after = {}, [], True, None
+    srv.files, srv.log, srv.honor_range, srv.drop_after, srv.busy, srv.retry_after = {}, [], True, None, 0, None
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -863,8 +951,8 @@ def test_a_full_disk_during_the_download(tmp_path, server, monkeypatch):
     part = pathlib.Path(f"{cached(out, url(server))}.part")
     break_open(monkeypatch, part.name, errno.ENOSPC, room=100_000)  # full after 100 kB
     message = exit_message(argv)
-    assert message == (f"error: cannot write {part}: no space left on device; the next run resumes "
-                       f"the download; HINT: {FULL}")
+    assert message == (f"error: cannot write {part}: no space left on device; {FULL}; the next run resumes "
+                       "the download")
     assert len(server.log) == 1  # not retried, and no other URL tried: the server was not at fault
     kept = part.read_bytes()
     assert 0 < len(kept) <= 100_000 and data.startswith(kept)  # what was downloaded is kept, and sound
@@ -879,21 +967,48 @@ def test_resume_from_part(tmp_path, server):
     server.files["/wt.zip"] = data
     part = tmp_path / "wt.zip.part"
     part.write_bytes(data[:1000])
-    pw.download(url(server), str(part), expected_size=len(data), retries=1)
+    pw.download(pw.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
     assert server.log == [("/wt.zip", "bytes=1000-", pw.USER_AGENT)]
     assert part.read_bytes() == data
 
 
 def test_resume_after_dropped_connection(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     data = wikitext_zip(tmp_path, padding=300_000)
     server.files["/wt.zip"], server.drop_after = data, 200_000
     part = tmp_path / "wt.zip.part"
-    pw.download(url(server), str(part), expected_size=len(data), retries=3)
+    pw.download(pw.http_session(3), url(server), str(part), expected_size=len(data), attempts=3)
     assert [entry[1] is None for entry in server.log] == [True, False]
     resumed_at = int(server.log[1][1].removeprefix("bytes=").rstrip("-"))
     assert 0 < resumed_at <= 200_000  # the second request asks for what the first did not deliver
     assert part.read_bytes() == data
+
+
+def test_a_download_cut_half_way_resumes_from_its_part(tmp_path, server, capsys):
+    data = wikitext_zip(tmp_path, padding=300_000)
+    server.files["/wt.zip"], server.drop_after = data, 150_000  # the connection drops after 150 kB
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1"])
+    first, second = server.log
+    resumed_at = int(second[1].removeprefix("bytes=").rstrip("-"))
+    assert first[1] is None and 0 < resumed_at <= 150_000  # the second request asks for the rest only
+    assert f"connection closed after {resumed_at:,} of {len(data):,} bytes; resuming" in capsys.readouterr().err
+    assert cached(out, url(server)).read_bytes() == data and meta["source"]["sha256"] == sha256(data)
+    assert read_docs(out / "train.bin") == ARTICLES[:8] and read_docs(out / "val.bin") == ARTICLES[8:]
+
+
+def test_a_busy_server_is_asked_again_when_its_retry_after_says(tmp_path, server, monkeypatch, capsys):
+    server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
+    server.busy, server.retry_after = 2, 7  # two 503 answers that say "come back in 7 s", then the file
+    waits = []
+    monkeypatch.setattr(time, "sleep", waits.append)  # urllib3 waits with time.sleep: note the waits instead
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--url", url(server), "--out_dir", str(out), "--num_proc", "1", "--retries", "3"])
+    assert waits == [7, 7]  # the server's wait, not the backoff's (none, then 2 s)
+    assert len(server.log) == 3 and meta["source"]["sha256"] == sha256(data)
+    assert read_docs(out / "train.bin") == ARTICLES[:8]
+    failures = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
+    assert failures == [f"127.0.0.1: attempt {i}/3 failed: HTTP 503; retrying in 7 s" for i in (1, 2)]
 
 
 def test_server_ignoring_range_restarts(tmp_path, server):
@@ -901,7 +1016,7 @@ def test_server_ignoring_range_restarts(tmp_path, server):
     server.files["/wt.zip"], server.honor_range = data, False
     part = tmp_path / "wt.zip.part"
     part.write_bytes(b"stale bytes from another file")
-    pw.download(url(server), str(part), expected_size=len(data), retries=1)
+    pw.download(pw.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
     assert server.log[0][1] == f"bytes={len(b'stale bytes from another file')}-"
     assert part.read_bytes() == data  # the 200 answer replaced the stale part instead of appending
 
@@ -922,7 +1037,7 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
 
 
 def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     message = exit_message(["--url", url(server, "/missing.zip"), "--out_dir", str(tmp_path / "a")])
     assert "404" in message and "HINT" in message and "--input" in message
     assert len(server.log) == 1  # a 4xx answer is not retried
@@ -935,30 +1050,29 @@ def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
 
 
 def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
     origin = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), sha256(data), "the test's"),
-                          retries=1, hint="")
+                          attempts=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
 
 def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     server.files["/busy.zip"] = 503
-    with pytest.raises(pw.PrepareError, match="gave up after 3 attempts: HTTPError: 503"):
-        pw.download(url(server, "/busy.zip"), str(tmp_path / "busy.zip.part"), retries=3)
+    with pytest.raises(pw.PrepareError, match="gave up after 3 attempts: HTTP 503 Service Unavailable"):
+        pw.download(pw.http_session(3), url(server, "/busy.zip"), str(tmp_path / "busy.zip.part"), None, attempts=3)
     assert len(server.log) == 3
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == f"downloading {url(server, '/busy.zip')}"
-    host = f"127.0.0.1:{server.server_port}"
-    assert [line.split(" failed: ")[0] for line in lines[1:]] == [f"{host}: attempt {i}/3" for i in (1, 2, 3)]
-    assert lines[1].endswith("retrying in 0 s") and lines[3].endswith("giving up")
+    assert lines[1:] == [f"127.0.0.1: attempt {i}/3 failed: HTTP 503; {next_step}"
+                         for i, next_step in [(1, "retrying in 0 s"), (2, "retrying in 0 s"), (3, "giving up")]]
 
 
 def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     real_getaddrinfo, lookups = socket.getaddrinfo, []
 
     def getaddrinfo(host, *args, **kwargs):  # what a resolver answers for .invalid, without asking one
@@ -970,7 +1084,7 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), None, ""), retries=5, hint="")
+    pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), None, ""), attempts=5, hint="")
     assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
@@ -979,7 +1093,7 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
 
 
 def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)
     connections, done = [], threading.Event()
@@ -996,8 +1110,8 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
     thread.start()
     try:
         with pytest.raises(pw.PrepareError, match="SSL error"):
-            pw.download(f"https://127.0.0.1:{listener.getsockname()[1]}/wt.zip", str(tmp_path / "wt.zip.part"),
-                        retries=3)
+            pw.download(pw.http_session(3), f"https://127.0.0.1:{listener.getsockname()[1]}/wt.zip",
+                        str(tmp_path / "wt.zip.part"), None, attempts=3)
     finally:
         done.set()
         thread.join(timeout=5)
@@ -1026,7 +1140,7 @@ def test_the_datasets_are_the_published_files():
 
 def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikitext2, lands here
-    monkeypatch.setattr(pw, "RETRY_WAIT_S", 0)
+    monkeypatch.setattr(pw, "BACKOFF_S", 0)
     data = wikitext_zip(tmp_path, folder="wikitext-2-raw")
     server.files["/wikitext-2-raw-v1.zip"] = data
     urls = [url(server, "/gone.zip"), url(server, "/wikitext-2-raw-v1.zip")]  # the main host fails, the mirror works
@@ -1169,3 +1283,23 @@ def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
 def test_zip_settings_that_contradict(tmp_path, flags, problem):
     message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
     assert message.startswith("error: ") and problem in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------- bench.py --prepare
+
+def test_the_bench_corpus_is_wikitext_like(tmp_path):
+    path = tmp_path / "corpus.txt"
+    bench.write_corpus(str(path), 300_000)
+    text = path.read_text()
+    assert len(text) == 300_000 and " @-@ " in text and " , " in text
+    docs = list(pw.file_documents([str(path)]))
+    assert len(docs) > 10 and all(pw.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
+
+
+def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
+    # one round on a small corpus: bench_prepare itself checks that prepare and tiktoken made the same tokens
+    assert bench.main(["--prepare", "--mb", "0.3", "--rounds", "1", "--memory_at", ""]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"tokenizer threads; load average [\d.]+ on \d+ CPUs", printed)
+    assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+\n", printed)
+    assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)
