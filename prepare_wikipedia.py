@@ -8,40 +8,14 @@ Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nan
     python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw      # local text files, no network
     python prepare_wikipedia.py --input notes.txt --val held_out.txt       # your own text, val named
 
-It writes train.bin and val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and meta.json
-(the split; per split the tokens, characters, documents, largest token id and sha256; the source) to
+It writes train.bin and val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and meta.json to
 --out_dir (data/wikipedia; data/wikitext2 for --dataset wikitext2), and keeps the zip there for the next run.
-  - A zip's size and SHA-256 are checked before any of it is read, wherever it comes from: a download that
-    fails is deleted and the next URL (DATASETS) tried; a zip kept by an earlier run that fails is renamed
-    to *.bad, never deleted, and downloaded again; a --zip that fails is refused, left where it is, and its
-    sha256 named. A --zip is checked against --dataset's published sha256 (WikiText-103's by default), or
-    --sha256 HASH's. A --url's sha256 is printed and recorded, --sha256 pins it, and with --dataset it is a
-    mirror checked against the published one; each --url has a cache of its own (a hash of the URL in its
-    name), used only if its bytes still have the sha256 recorded when it was downloaded.
-  - An interrupted download resumes from its .part with an HTTP Range request. ZIP.origin.json and
-    meta.json record the URL the bytes came from (after redirects) and their sha256.
-  - A document starts at a top-level heading line ` = Title = ` (not ` = = Section = = `), at the first
-    blank line past 1M characters, or with a new file; blank ones are dropped; each ends with <|endoftext|>
-    (50256), as in nanoGPT. Input that is not UTF-8 text (a NUL, a bad byte) is refused, with its offset.
-  - --split=wikitext (default): train = wiki.train.raw, val = wiki.valid.raw; with --input, val is the --val
-    files, else an --input file named exactly wiki.valid.raw, else the last --val_fraction of the documents.
-    --max_chars caps the training text after the document that reaches it.
-  - --split=writeup: the regime of the write-ups (Future Attention and the Auto-regressive Encoder-Decoder
-    Transformer, GitHub yiphei/yif-AI), which trained on 38,276,830 GPT-2 tokens of Wikipedia and validated
-    on the 4,341,780 that followed (their 1.44B-token runs made 37.6 passes). Train = the first documents
-    of wiki.train.raw (or of the --input files, in order) up to --train_tokens, val = the documents that
-    follow up to --val_tokens, each cut at the document boundary nearest its count (ties take the
-    document); nothing past val is read.
-  - --detokenize (on with --split=writeup and --dataset wikitext2) undoes WikiText's tokenization marks
-    (` @-@ `, a space before punctuation, ...); see detokenize().
-  - Outputs are written under temporary names and renamed when complete, meta.json last; a killed run's
-    temporary files are removed by the next. A failed write ends the run with one line that names the file,
-    the cause and what to do; Ctrl-C (exit status 130) and SIGTERM (143) stop it the same way. The out_dir
-    is locked while it is written (data.lock_data_dir): a run that trains from it, or another preparation
-    writing it, is refused in one line.
-Offline: tiktoken caches the GPT-2 BPE files in $TIKTOKEN_CACHE_DIR; fill one where there is a network:
-
-    TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python -c "import tiktoken; tiktoken.get_encoding('gpt2')"
+The zip is checked before it is read (lib/fetch.py); the text is cut into documents, each ending with
+<|endoftext|>, optionally detokenized, and tokenized by tiktoken on threads. --split=wikitext keeps WikiText's
+train and val files; --split=writeup takes the write-ups' token counts (Future Attention and the Auto-regressive
+Encoder-Decoder Transformer, GitHub yiphei/yif-AI). Outputs are renamed into place when complete, meta.json
+last, in a locked out_dir. docs/data.md says what is checked, how the splits are cut, and how to work offline:
+tiktoken caches the GPT-2 BPE files in $TIKTOKEN_CACHE_DIR.
 """
 import argparse
 import collections
@@ -55,22 +29,16 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
 import zipfile
-from urllib.parse import urlparse
 
 import numpy as np
-import requests
 import tiktoken
-import urllib3
-from requests.adapters import HTTPAdapter
 
 import configurator
-from lib import cli, data
-
+from lib import cli, data, fetch
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
@@ -98,10 +66,6 @@ DATASETS = {
         out_dir="data/wikitext2", detokenize=True),
 }
 DEFAULT_DATASET = "wikitext103"
-WIKITEXT_MEMBERS = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")  # matched by basename
-USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
-RETRY_STATUSES = (429, 500, 502, 503, 504)  # answers worth another attempt; another 4xx would come again
-BACKOFF_S = 1.0  # urllib3 waits 0, 2, 4, 8 ... s between attempts, or what the server's Retry-After asks
 HEADING = re.compile(r"\s*= [^=].* =\s*")  # fullmatch: " = Title = " yes, " = = Section = = " no
 MAX_DOC_CHARS = 1_000_000  # bounds memory on text without headings
 BATCH_CHARS = 1_000_000  # characters per call of tiktoken: memory holds one batch, whatever the size of the text
@@ -118,199 +82,6 @@ MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 class PrepareError(cli.UserError):
     """A failure the user can fix; cli.main prints its message (no traceback) and exits with 1."""
-
-
-@contextlib.contextmanager
-def writing(path, after_failure=None):
-    """An OSError while writing (or renaming to) path ends the run with cli.write_problem's line, and what is left."""
-    try:
-        yield
-    except OSError as e:
-        name = e.filename2 or e.filename or path  # a failed write() names no file, a rename names two
-        problem = cli.write_problem(name, e) or f"cannot write {name}: {e}"
-        raise PrepareError(f"{problem}; {after_failure}" if after_failure else problem) from None
-
-
-class Progress:
-    """One status line on stderr, rewritten in place at most 4 times a second; ended on exit."""
-
-    def __enter__(self):
-        self.t0, self.last, self.message, self.shown = time.time(), 0.0, "", ""
-        return self
-
-    def show(self, message):
-        self.message = message
-        if time.time() - self.last >= 0.25:
-            self.last, self.shown = time.time(), message
-            print(f"\r{message}", end="", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc_info):
-        if self.message:  # the final numbers, and a newline so that later messages start clean
-            print(f"\r{self.message}" if self.message != self.shown else "", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- download
-
-def request_problem(error, host):
-    """(the cause of a failed request as a phrase, whether another attempt may mend it)."""
-    causes = [error]  # requests wraps urllib3's error, which wraps the socket's
-    while causes[-1].__cause__ or causes[-1].__context__:
-        causes.append(causes[-1].__cause__ or causes[-1].__context__)
-    if any(isinstance(cause, socket.gaierror) for cause in causes):
-        return f"cannot resolve the host name {host} ({causes[-1]}): offline, or a wrong name", False
-    if any(isinstance(cause, (urllib3.exceptions.SSLError, requests.exceptions.SSLError)) for cause in causes):
-        return f"SSL error ({causes[-1]})", False
-    return f"{type(causes[-1]).__name__}: {causes[-1]}", True  # timeouts, refused or dropped connections
-
-
-class Retry(urllib3.util.Retry):
-    """urllib3's retries (backoff, the statuses worth another attempt, Retry-After), printing each failed
-    attempt, and none for what would fail the same way again: an unknown host name, a failed TLS handshake."""
-
-    def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
-        problem, may_pass = request_problem(error, _pool.host) if error else (f"HTTP {response.status}", True)
-        attempt, retry = len(self.history) + 1, None
-        with contextlib.suppress(urllib3.exceptions.MaxRetryError):  # none left: retry stays None
-            retry = super().increment(method, url, response, error, _pool, _stacktrace) if may_pass else None
-        wait = retry and ((response and retry.get_retry_after(response)) or retry.get_backoff_time())
-        next_step = f"retrying in {wait:g} s" if retry else "giving up" if may_pass else "a retry cannot help"
-        print(f"{_pool.host}: attempt {attempt}/{attempt + self.total} failed: {problem}; {next_step}", file=sys.stderr)
-        if retry is None:
-            raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error
-        return retry
-
-
-def http_session(attempts):
-    """The one session of the downloads: urllib3 makes up to `attempts` requests per URL."""
-    session = requests.Session()
-    retry = Retry(total=attempts - 1, status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S, raise_on_status=False)
-    for scheme in ("http://", "https://"):
-        session.mount(scheme, HTTPAdapter(max_retries=retry))
-    # identity encoding, so that byte counts and ranges refer to the file itself
-    session.headers.update({"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
-    return session
-
-
-def download(session, url, part, expected_size, attempts):
-    """Stream url into the file part, resuming from its current size with an HTTP Range request; return the
-    URL the bytes came from, after redirects (None if part was complete already). The session retries a
-    request until its body starts; a body cut half-way is resumed here, up to `attempts` times."""
-    host = urlparse(url).netloc
-    print(f"downloading {url}", file=sys.stderr)
-    for _ in range(attempts):
-        done = os.path.getsize(part) if os.path.exists(part) else 0
-        if expected_size and done == expected_size:
-            return None  # complete already: a previous run stopped before the rename
-        try:
-            response = session.get(url, headers={"Range": f"bytes={done}-"} if done else None, stream=True,
-                                   timeout=(10, 60))  # to connect, and between two reads
-        except requests.RequestException as e:
-            problem, may_pass = request_problem(e, urlparse(url).hostname)
-            raise PrepareError(f"gave up after {attempts} attempts: {problem}" if may_pass else problem) from None
-        with response:
-            if response.url != url:
-                print(f"{host}: redirected to {response.url}", file=sys.stderr)
-            if response.status_code == 416:  # our .part is longer than the server's file: start over
-                os.remove(part)
-                problem = "the server refused to resume the download"
-                continue
-            if not response.ok:
-                gave_up = f"gave up after {attempts} attempts: " if response.status_code in RETRY_STATUSES else ""
-                raise PrepareError(f"{gave_up}HTTP {response.status_code} {response.reason}")
-            if response.status_code == 200:
-                done = 0  # the server ignored Range and sends the whole file
-            length, start = response.headers.get("Content-Length"), done
-            total = done + int(length) if length else expected_size
-            if expected_size and total != expected_size:
-                raise PrepareError(f"server offers {total:,} bytes, expected {expected_size:,}")
-            with open(part, "ab" if done else "wb") as f, Progress() as progress:
-                with contextlib.suppress(requests.RequestException):  # a dropped connection: resumed below
-                    for chunk in response.iter_content(chunk_size=1 << 16):
-                        done += f.write(chunk)
-                        percent = f" {100 * done / total:5.1f}%" if total else ""
-                        mb_s = (done - start) / 1e6 / max(time.time() - progress.t0, 1e-9)
-                        progress.show(f"{host}: {done / 1e6:.1f} MB{percent}, {mb_s:.1f} MB/s")
-        if total is None or done == total:
-            return response.url
-        problem = f"connection closed after {done:,} of {total:,} bytes"
-        print(f"{host}: {problem}; resuming", file=sys.stderr)
-    raise PrepareError(f"gave up after {attempts} attempts: {problem}")
-
-
-# what a zip must be (None: not checked); whose: where the sha256 comes from, for messages
-Expected = collections.namedtuple("Expected", "size sha256 whose")
-
-
-def examine_zip(path, expected):
-    """(what is wrong with the zip at path as a phrase, or None; its SHA-256, None when its size is wrong)."""
-    size = os.path.getsize(path)
-    if expected.size is not None and size != expected.size:
-        return f"has {size:,} bytes, expected {expected.size:,}", None
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    if expected.sha256 is not None and digest != expected.sha256:
-        return f"has sha256 {digest}, not {expected.sha256}, {expected.whose}", digest
-    try:
-        with zipfile.ZipFile(path) as zf:
-            missing = [m for m in WIKITEXT_MEMBERS if m not in {os.path.basename(n) for n in zf.namelist()}]
-    except zipfile.BadZipFile as e:
-        return f"is not a valid zip ({e})", digest
-    return (f"lacks {', '.join(missing)}" if missing else None), digest
-
-
-def cache_path(out_dir, url, dataset):
-    """Where a download is kept: the dataset's file name for its own URLs (which serve one file); for a --url,
-    its file name and a hash of the URL, so that two URLs never share a cache."""
-    if url is None:
-        return os.path.join(out_dir, dataset.file)
-    stem, ext = os.path.splitext(os.path.basename(urlparse(url).path) or "download.zip")
-    return os.path.join(out_dir, f"{stem}-{hashlib.sha256(url.encode()).hexdigest()[:8]}{ext}")
-
-
-def fetch_zip(urls, path, expected, attempts, hint):
-    """Make path hold a zip that passes the check, kept from an earlier run or downloaded from the first of
-    urls that gives one; return its origin: the URL its bytes came from, and their sha256."""
-    if os.path.exists(path):
-        try:
-            with open(path + ".origin.json") as f:
-                origin = json.load(f)
-        except (OSError, ValueError):
-            origin = {"url": None, "sha256": None}  # a zip put there by hand
-        if expected.sha256 is None:  # a --url without --sha256: the sha256 recorded at the download, if any
-            expected = expected._replace(sha256=origin["sha256"], whose="the one recorded when it was downloaded")
-        problem, digest = examine_zip(path, expected)
-        if problem is None and expected.sha256 is None:
-            problem = f"has no record of its download in {path}.origin.json, so its bytes cannot be checked"
-        if problem is None:
-            print(f"using {path} (already downloaded from {origin['url'] or 'an unrecorded URL'}; sha256 {digest})")
-            return {"url": origin["url"], "sha256": digest}
-        bad, n = path + ".bad", 0
-        while os.path.exists(bad):  # never over an earlier one
-            n += 1
-            bad = f"{path}.bad.{n}"
-        with writing(path):
-            os.replace(path, bad)  # not deleted: the user may have put it there
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path + ".origin.json")  # it described the file moved aside
-        print(f"warning: {path} {problem}: not used; renamed it to {bad}; downloading again", file=sys.stderr)
-    failures, part = [], path + ".part"
-    # a failed write is not the server's fault: it ends the run (the next one resumes) rather than trying another URL
-    with http_session(attempts) as session, writing(part, after_failure="the next run resumes the download"):
-        for url in urls:
-            try:
-                final_url = download(session, url, part, expected.size, attempts)
-                problem, digest = examine_zip(part, expected)
-                if problem:
-                    os.remove(part)  # maybe resumed onto another source's bytes: the next run starts over
-                    raise PrepareError(f"{part} {problem}; deleted it")
-            except PrepareError as e:
-                failures.append(f"{url}: {e}")
-                continue
-            origin = {"url": final_url, "sha256": digest}  # recorded first: a zip without its record is not trusted
-            cli.write_atomically(path + ".origin.json", lambda f: f.write(json.dumps(origin).encode()))
-            os.replace(part, path)
-            return origin
-    raise PrepareError(f"could not download the data: {'; '.join(failures)}; HINT: {hint}")
 
 
 # --------------------------------------------------------------------------- documents
@@ -423,7 +194,7 @@ def write_split(encoded, path, name, tokens_asked=None):
     overshoot by more than stopping before it undershoots is left over, returned unwritten."""
     stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
     sha, left_over = hashlib.sha256(), []
-    with writing(path, after_failure=NOTHING_REPLACED), open(path, "wb") as f, Progress() as progress:
+    with cli.writing(path, after_failure=NOTHING_REPLACED), open(path, "wb") as f, cli.Progress() as progress:
         for tokens, n_chars, n_bytes in encoded:
             if tokens_asked and stats["documents"]:
                 undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
@@ -492,15 +263,15 @@ def prepare(train_docs, val_docs, out_dir, num_threads, settings, t0):
                 "split": settings["split"], "detokenize": settings["detokenize"], "source": settings["source"],
                 "max_chars": settings["max_chars"], "passes_in_1.44B_tokens": round(passes, 2), **splits,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        with writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
+        with cli.writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         # meta.json goes first and comes back last, so its presence marks a complete set: a failure up
         # to here leaves an earlier set whole, one between the renames leaves a set without meta.json
-        with writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
+        with cli.writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
             os.remove(finals["meta.json"])
         incomplete = f"{out_dir} is left without meta.json, an incomplete set that the next run redoes"
         for name in OUTPUTS:
-            with writing(finals[name], after_failure=incomplete):
+            with cli.writing(finals[name], after_failure=incomplete):
                 os.replace(temps[name], finals[name])
     finally:
         for path in temps.values():
@@ -588,50 +359,6 @@ def rest_after(head, docs):
     yield from docs
 
 
-def zip_source(args):
-    """(the zip args name, checked, and meta.json's source): the --zip, or the cache, or a download."""
-    dataset = DATASETS[args.dataset]
-    if args.sha256:
-        expected = Expected(size=None, sha256=args.sha256, whose="given by --sha256")
-    elif args.url and not args.dataset_given:  # a zip this script knows nothing of: its sha256 is printed instead
-        expected = Expected(size=None, sha256=None, whose="")
-    else:  # a --zip is WikiText-103's unless --dataset says otherwise
-        expected = Expected(size=dataset.size, sha256=dataset.sha256, whose=f"the published sha256 of {dataset.file}")
-    if args.zip:
-        zip_path, origin = args.zip, {"sha256": given_zip_sha256(args.zip, expected)}
-    else:
-        zip_path, urls = cache_path(args.out_dir, args.url, dataset), [args.url] if args.url else list(dataset.urls)
-        flags = "".join(f" --{flag} {value}" for flag, value in [("dataset", args.dataset_given and args.dataset),
-                                                                   ("sha256", args.sha256)] if value)
-        hint = (f"download {urls[0]} by hand and run `python prepare_wikipedia.py{flags} --zip FILE`, or unzip it and "
-                "run `python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
-        origin = {**fetch_zip(urls, zip_path, expected, args.retries, hint), "urls": urls}
-    if expected.sha256 is None:
-        print(f"sha256 of {zip_path}: {origin['sha256']} (not checked; pass --sha256 {origin['sha256']} to insist "
-              "on these bytes next time)")
-    published = expected.sha256 == dataset.sha256  # the bytes are the dataset's published zip
-    return zip_path, {"dataset": args.dataset if published else None, "zip": zip_path, **origin,
-                      "expected_sha256": expected.sha256}
-
-
-def given_zip_sha256(path, expected):
-    """The sha256 of a --zip that passes the check; else a PrepareError that says what to do (the file is the
-    user's: it is left where it is)."""
-    if not os.path.isfile(path):
-        raise PrepareError(f"zip not found: {path}; HINT: check the path, or drop --zip")
-    problem, digest = examine_zip(path, expected._replace(size=None))  # the sha256 checks the size too
-    if problem is None:
-        return digest
-    known = [name for name, d in DATASETS.items() if d.sha256 == digest]
-    if known:
-        hint = f"it is the published {DATASETS[known[0]].file}: add --dataset {known[0]}"
-    elif digest != expected.sha256:
-        hint = (f"if it is a zip of your own in WikiText's layout, pass --sha256 {digest} to use it; "
-                "if it should be the published one, download it again")
-    else:  # the bytes expected, yet not WikiText's layout
-        hint = "give a zip that holds wiki.train.raw and wiki.valid.raw, or unzip yours and pass its files with --input"
-    raise PrepareError(f"{path} {problem}; HINT: {hint}")
-
 
 def run(args):
     """Find the text that args name (downloading it if need be), then prepare it into args.out_dir."""
@@ -660,7 +387,7 @@ def run(args):
         train_docs, val_docs = ((file_documents(args.input), None) if args.split == "writeup"
                                 else input_splits(args.input, args.val, args.val_fraction))
     else:
-        zip_path, source = zip_source(args)
+        zip_path, source = fetch.zip_source(args, DATASETS)
         t0 = time.time()  # the summary's speed is that of the text work, not of the download
         train_docs = zip_documents(zip_path, "wiki.train.raw")
         val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
@@ -716,7 +443,7 @@ def prepare_data(argv):
     args = parser.parse_args(argv)
     try:
         check_settings(args)
-        with writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
+        with cli.writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
             os.makedirs(args.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.out_dir).close()
             lock = lock_out_dir(args.out_dir)

@@ -26,7 +26,7 @@ import sys
 import termios
 import threading
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 
 # the signals that ask a script to stop: Ctrl-C; `kill`, schedulers and preemptible machines;
 # a closed terminal or a dropped ssh session; SLURM's warning before a time limit (--signal=USR1@120)
@@ -283,3 +283,33 @@ def write_problem(path, error, size=0):
             return None
         code, cause = errno.ENOSPC, f"no space left on device ({size / 1e6:,.1f} MB to write, {free / 1e6:,.1f} MB free)"
     return f"cannot write {path}: {cause}; {ADVICE.get(code, 'check the disk and the path')}"
+
+
+@contextmanager
+def writing(path, after_failure=None):
+    """An OSError while writing (or renaming to) path ends the run with write_problem's line, then after_failure:
+    what the failure left, if anything."""
+    try:
+        yield
+    except OSError as e:
+        name = e.filename2 or e.filename or path  # a failed write() names no file, a rename names two
+        problem = write_problem(name, e) or f"cannot write {name}: {e}"
+        raise UserError(f"{problem}; {after_failure}" if after_failure else problem) from None
+
+
+class Progress:
+    """One status line on stderr, rewritten in place at most 4 times a second; ended on exit."""
+
+    def __enter__(self):
+        self.t0, self.last, self.message, self.shown = time.time(), 0.0, "", ""
+        return self
+
+    def show(self, message):
+        self.message = message
+        if time.time() - self.last >= 0.25:
+            self.last, self.shown = time.time(), message
+            print(f"\r{message}", end="", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc_info):
+        if self.message:  # the final numbers, and a newline so that later messages start clean
+            print(f"\r{self.message}" if self.message != self.shown else "", file=sys.stderr, flush=True)

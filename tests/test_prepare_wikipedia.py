@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 import tiktoken
 
-from lib import cli, data, settings
+from lib import cli, data, fetch, settings
 import bench
 import prepare_wikipedia as pw
 from conftest import REPO
@@ -602,8 +602,8 @@ class FullDisk(io.FileIO):
 
 
 def break_open(monkeypatch, name, error, room=None, buffer_size=io.DEFAULT_BUFFER_SIZE):
-    """Make prepare_wikipedia's open() of the file called name fail: with the errno error at once,
-    or, given room, as a file on a disk that fills up after room bytes. Returns the paths it broke."""
+    """Make prepare_wikipedia's and lib/fetch.py's open() of the file called name fail: with the errno error
+    at once, or, given room, as a file on a disk that fills up after room bytes. Returns the paths it broke."""
     broken, real_open = [], open
 
     def open_on_a_bad_disk(path, mode="r", *args, **kwargs):
@@ -614,7 +614,8 @@ def break_open(monkeypatch, name, error, room=None, buffer_size=io.DEFAULT_BUFFE
             raise OSError(error, os.strerror(error), path)  # as open() raises it: naming the file
         return io.BufferedWriter(FullDisk(path, room), buffer_size=buffer_size)
 
-    monkeypatch.setattr(pw, "open", open_on_a_bad_disk, raising=False)  # shadows the builtin in pw only
+    for module in (pw, fetch):  # shadows the builtin in these modules only; fetch writes the download
+        monkeypatch.setattr(module, "open", open_on_a_bad_disk, raising=False)
     return broken
 
 
@@ -921,7 +922,7 @@ def publish(monkeypatch, name, urls, size, digest):
 
 def cached(out, address):
     """Where a --url's zip is kept in out."""
-    return pathlib.Path(pw.cache_path(str(out), address, None))
+    return pathlib.Path(fetch.cache_path(str(out), address, None))
 
 
 def test_download_and_prepare(tmp_path, server, capsys):
@@ -929,7 +930,7 @@ def test_download_and_prepare(tmp_path, server, capsys):
     out = tmp_path / "out"
     argv = ["--url", url(server), "--out_dir", str(out), "--num_proc", "1"]
     meta = pw.prepare_data(argv)
-    assert server.log == [("/wt.zip", None, pw.USER_AGENT)]
+    assert server.log == [("/wt.zip", None, fetch.USER_AGENT)]
     zip_path = cached(out, url(server))
     assert zip_path.read_bytes() == data and not pathlib.Path(f"{zip_path}.part").exists()
     assert read_docs(out / "train.bin") == ARTICLES[:8]
@@ -967,17 +968,17 @@ def test_resume_from_part(tmp_path, server):
     server.files["/wt.zip"] = data
     part = tmp_path / "wt.zip.part"
     part.write_bytes(data[:1000])
-    pw.download(pw.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
-    assert server.log == [("/wt.zip", "bytes=1000-", pw.USER_AGENT)]
+    fetch.download(fetch.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
+    assert server.log == [("/wt.zip", "bytes=1000-", fetch.USER_AGENT)]
     assert part.read_bytes() == data
 
 
 def test_resume_after_dropped_connection(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     data = wikitext_zip(tmp_path, padding=300_000)
     server.files["/wt.zip"], server.drop_after = data, 200_000
     part = tmp_path / "wt.zip.part"
-    pw.download(pw.http_session(3), url(server), str(part), expected_size=len(data), attempts=3)
+    fetch.download(fetch.http_session(3), url(server), str(part), expected_size=len(data), attempts=3)
     assert [entry[1] is None for entry in server.log] == [True, False]
     resumed_at = int(server.log[1][1].removeprefix("bytes=").rstrip("-"))
     assert 0 < resumed_at <= 200_000  # the second request asks for what the first did not deliver
@@ -1016,7 +1017,7 @@ def test_server_ignoring_range_restarts(tmp_path, server):
     server.files["/wt.zip"], server.honor_range = data, False
     part = tmp_path / "wt.zip.part"
     part.write_bytes(b"stale bytes from another file")
-    pw.download(pw.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
+    fetch.download(fetch.http_session(1), url(server), str(part), expected_size=len(data), attempts=1)
     assert server.log[0][1] == f"bytes={len(b'stale bytes from another file')}-"
     assert part.read_bytes() == data  # the 200 answer replaced the stale part instead of appending
 
@@ -1033,11 +1034,11 @@ def test_bad_zip_is_rejected_and_deleted(tmp_path, server):
     truncated.write_bytes(data[:len(data) // 2])
     for expected_size, problem in [(len(data), f"has {len(data) // 2:,} bytes, expected {len(data):,}"),
                                    (None, "is not a valid zip (File is not a zip file)")]:
-        assert pw.examine_zip(str(truncated), pw.Expected(expected_size, None, ""))[0] == problem
+        assert fetch.examine_zip(str(truncated), fetch.Expected(expected_size, None, ""))[0] == problem
 
 
 def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     message = exit_message(["--url", url(server, "/missing.zip"), "--out_dir", str(tmp_path / "a")])
     assert "404" in message and "HINT" in message and "--input" in message
     assert len(server.log) == 1  # a 4xx answer is not retried
@@ -1050,20 +1051,20 @@ def test_http_404_and_refused_connection(tmp_path, server, monkeypatch):
 
 
 def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    origin = pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), sha256(data), "the test's"),
+    origin = fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), sha256(data), "the test's"),
                           attempts=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
 
 def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     server.files["/busy.zip"] = 503
-    with pytest.raises(pw.PrepareError, match="gave up after 3 attempts: HTTP 503 Service Unavailable"):
-        pw.download(pw.http_session(3), url(server, "/busy.zip"), str(tmp_path / "busy.zip.part"), None, attempts=3)
+    with pytest.raises(fetch.DownloadError, match="gave up after 3 attempts: HTTP 503 Service Unavailable"):
+        fetch.download(fetch.http_session(3), url(server, "/busy.zip"), str(tmp_path / "busy.zip.part"), None, attempts=3)
     assert len(server.log) == 3
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == f"downloading {url(server, '/busy.zip')}"
@@ -1072,7 +1073,7 @@ def test_server_errors_are_retried(tmp_path, server, monkeypatch, capsys):
 
 
 def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     real_getaddrinfo, lookups = socket.getaddrinfo, []
 
     def getaddrinfo(host, *args, **kwargs):  # what a resolver answers for .invalid, without asking one
@@ -1084,7 +1085,7 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    pw.fetch_zip(urls, str(tmp_path / "wt.zip"), pw.Expected(len(data), None, ""), attempts=5, hint="")
+    fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), None, ""), attempts=5, hint="")
     assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
@@ -1093,7 +1094,7 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
 
 
 def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)
     connections, done = [], threading.Event()
@@ -1109,8 +1110,8 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
     thread = threading.Thread(target=answer_in_plain_text, daemon=True)
     thread.start()
     try:
-        with pytest.raises(pw.PrepareError, match="SSL error"):
-            pw.download(pw.http_session(3), f"https://127.0.0.1:{listener.getsockname()[1]}/wt.zip",
+        with pytest.raises(fetch.DownloadError, match="SSL error"):
+            fetch.download(fetch.http_session(3), f"https://127.0.0.1:{listener.getsockname()[1]}/wt.zip",
                         str(tmp_path / "wt.zip.part"), None, attempts=3)
     finally:
         done.set()
@@ -1140,7 +1141,7 @@ def test_the_datasets_are_the_published_files():
 
 def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikitext2, lands here
-    monkeypatch.setattr(pw, "BACKOFF_S", 0)
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     data = wikitext_zip(tmp_path, folder="wikitext-2-raw")
     server.files["/wikitext-2-raw-v1.zip"] = data
     urls = [url(server, "/gone.zip"), url(server, "/wikitext-2-raw-v1.zip")]  # the main host fails, the mirror works
@@ -1181,7 +1182,7 @@ def test_wikitext2_download_resumes(tmp_path, server, monkeypatch):
     out.mkdir()
     (out / "wikitext-2-raw-v1.zip.part").write_bytes(data[:30_000])  # what an interrupted run left
     pw.prepare_data(["--dataset", "wikitext2", "--out_dir", str(out), "--num_proc", "1"])
-    assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", pw.USER_AGENT)]
+    assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", fetch.USER_AGENT)]
     assert (out / "wikitext-2-raw-v1.zip").read_bytes() == data
     assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]
 
