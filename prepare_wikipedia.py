@@ -10,12 +10,9 @@ Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nan
 
 It writes train.bin and val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and meta.json to
 --out_dir (data/wikipedia; data/wikitext2 for --dataset wikitext2), and keeps the zip there for the next run.
-The zip is checked before it is read (lib/fetch.py); the text is cut into documents, each ending with
-<|endoftext|>, optionally detokenized, and tokenized by tiktoken on threads. --split=wikitext keeps WikiText's
-train and val files; --split=writeup takes the write-ups' token counts (Future Attention and the Auto-regressive
-Encoder-Decoder Transformer, GitHub yiphei/yif-AI). Outputs are renamed into place when complete, meta.json
-last, in a locked out_dir. docs/data.md says what is checked, how the splits are cut, and how to work offline:
-tiktoken caches the GPT-2 BPE files in $TIKTOKEN_CACHE_DIR.
+--split=writeup takes the token counts of the write-ups (Future Attention and the Auto-regressive Encoder-Decoder
+Transformer, GitHub yiphei/yif-AI). docs/data.md says what is checked, how the text is cut into documents and
+splits, how the files are written, and how to work offline (tiktoken's GPT-2 files in $TIKTOKEN_CACHE_DIR).
 """
 import argparse
 import collections
@@ -80,10 +77,6 @@ WRITEUP_RUN_TOKENS = _run["max_iters"] * _run["batch_size"] * _run["gradient_acc
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
-class PrepareError(cli.UserError):
-    """A failure the user can fix; cli.main prints its message (no traceback) and exits with 1."""
-
-
 # --------------------------------------------------------------------------- documents
 
 def text_lines(f, name):
@@ -97,12 +90,12 @@ def text_lines(f, name):
         except UnicodeDecodeError as e:
             bad = e.start if bad < 0 else min(bad, e.start)
         if bad >= 0 and raw[bad] == 0:
-            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
-                               "HINT: give text files only; if it is text, convert it to UTF-8 first")
+            raise cli.UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
+                                "HINT: give text files only; if it is text, convert it to UTF-8 first")
         if bad >= 0:
-            raise PrepareError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is not UTF-8; "
-                               "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
-                               "for Latin-1 text, or leave it out")
+            raise cli.UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is not UTF-8; "
+                                "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
+                                "for Latin-1 text, or leave it out")
         yield from io.StringIO(line, newline=None) if "\r" in line else [line]  # splits at a lone \r too
         offset += len(raw)
 
@@ -220,15 +213,15 @@ def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first, tra
     train_encoded = encoded_documents(train_docs, num_threads, detokenize_first)
     train, left_over = write_split(train_encoded, temps["train.bin"], "train", train_tokens)
     if train["documents"] == 0:
-        raise PrepareError("the train split has no text; HINT: give more text")
+        raise cli.UserError("the train split has no text; HINT: give more text")
     val_encoded = (itertools.chain(left_over, train_encoded) if val_docs is None  # the same read goes on
                    else encoded_documents(val_docs, num_threads, detokenize_first))
     val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", val_tokens)
     if val_docs is None and val["documents"] == 0:
-        raise PrepareError(f"the text ran out: train took {train['tokens']:,} tokens ({train_tokens:,} asked) and "
-                           "left nothing for val; HINT: give more text, or lower --train_tokens")
+        raise cli.UserError(f"the text ran out: train took {train['tokens']:,} tokens ({train_tokens:,} asked) and "
+                            "left nothing for val; HINT: give more text, or lower --train_tokens")
     if val["documents"] == 0:
-        raise PrepareError("the val split has no text; HINT: give more text, or name val files with --val")
+        raise cli.UserError("the val split has no text; HINT: give more text, or name val files with --val")
     if val_docs is None and val["tokens"] < val_tokens and not val_left_over:  # short, and nothing read past it
         print(f"warning: the text ran out: val has {val['tokens']:,} of the {val_tokens:,} tokens asked "
               f"(train has {train['tokens']:,} of {train_tokens:,})", file=sys.stderr)
@@ -244,24 +237,25 @@ def lock_out_dir(out_dir):
     reader = data.lock_data_dir(out_dir, shared=True)  # shared holders are runs, an exclusive one a preparation
     if reader:
         reader.close()
-        raise PrepareError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, data.DATA_LOCK)}), so "
-                           "its files cannot change now; HINT: wait for the run to end, or prepare into another --out_dir")
-    raise PrepareError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
-                       "or pass another --out_dir")
+        raise cli.UserError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, data.DATA_LOCK)}), "
+                            "so its files cannot change now; HINT: wait for the run to end, or prepare into another "
+                            "--out_dir")
+    raise cli.UserError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                        "or pass another --out_dir")
 
 
-def prepare(train_docs, val_docs, out_dir, num_threads, settings, t0):
-    """Write train.bin, val.bin and meta.json into out_dir, each under a temporary name first. settings:
-    split, detokenize, train_tokens, val_tokens, max_chars and source (recorded in meta.json)."""
-    finals = {name: os.path.join(out_dir, name) for name in OUTPUTS}
+def prepare(train_docs, val_docs, args, source, t0):
+    """Write train.bin, val.bin and meta.json into args.out_dir, each under a temporary name first; meta.json
+    records the settings of args and the text's source."""
+    finals = {name: os.path.join(args.out_dir, name) for name in OUTPUTS}
     temps = {name: path + ".tmp" for name, path in finals.items()}
     try:
-        splits = write_splits(cap_chars(train_docs, settings["max_chars"]), val_docs, temps, num_threads,
-                              settings["detokenize"], settings["train_tokens"], settings["val_tokens"])
+        splits = write_splits(cap_chars(train_docs, args.max_chars), val_docs, temps, args.num_proc, args.detokenize,
+                              args.train_tokens, args.val_tokens)
         passes = WRITEUP_RUN_TOKENS / splits["train"]["tokens"]
         meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
-                "split": settings["split"], "detokenize": settings["detokenize"], "source": settings["source"],
-                "max_chars": settings["max_chars"], "passes_in_1.44B_tokens": round(passes, 2), **splits,
+                "split": args.split, "detokenize": args.detokenize, "source": source,
+                "max_chars": args.max_chars, "passes_in_1.44B_tokens": round(passes, 2), **splits,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         with cli.writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
@@ -269,7 +263,7 @@ def prepare(train_docs, val_docs, out_dir, num_threads, settings, t0):
         # to here leaves an earlier set whole, one between the renames leaves a set without meta.json
         with cli.writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
             os.remove(finals["meta.json"])
-        incomplete = f"{out_dir} is left without meta.json, an incomplete set that the next run redoes"
+        incomplete = f"{args.out_dir} is left without meta.json, an incomplete set that the next run redoes"
         for name in OUTPUTS:
             with cli.writing(finals[name], after_failure=incomplete):
                 os.replace(temps[name], finals[name])
@@ -296,33 +290,33 @@ def check_settings(args):
     """Refuse settings that contradict each other; fill in the defaults that depend on others."""
     writeup = args.split == "writeup"
     if args.val and not args.input:
-        raise PrepareError("--val needs --input: it names the val files among local text")
+        raise cli.UserError("--val needs --input: it names the val files among local text")
     both = {os.path.realpath(p) for p in args.input or []} & {os.path.realpath(p) for p in args.val or []}
     if both:
-        raise PrepareError(f"{min(both)} is given to both --input and --val; HINT: name each file once, "
-                           "the training text with --input, the val text with --val")
+        raise cli.UserError(f"{min(both)} is given to both --input and --val; HINT: name each file once, "
+                            "the training text with --input, the val text with --val")
     for flag in ("val", "max_chars", "val_fraction"):
         if writeup and getattr(args, flag) is not None:
-            raise PrepareError(f"--{flag} does not apply to --split=writeup, which takes val from the text "
-                               "that follows train; HINT: size the splits with --train_tokens and --val_tokens")
+            raise cli.UserError(f"--{flag} does not apply to --split=writeup, which takes val from the text "
+                                "that follows train; HINT: size the splits with --train_tokens and --val_tokens")
     if not writeup and (args.train_tokens is not None or args.val_tokens is not None):
-        raise PrepareError("--train_tokens and --val_tokens need --split=writeup")
+        raise cli.UserError("--train_tokens and --val_tokens need --split=writeup")
     for flag in ("train_tokens", "val_tokens", "max_chars", "num_proc", "retries"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise PrepareError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+            raise cli.UserError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
     zip_flags = [flag for flag in ("dataset", "zip", "url", "sha256") if getattr(args, flag)]
     if args.input and zip_flags:
-        raise PrepareError(f"--{zip_flags[0]} names a zip to read, and --input names text files instead; "
-                           "HINT: give one of them")
+        raise cli.UserError(f"--{zip_flags[0]} names a zip to read, and --input names text files instead; "
+                            "HINT: give one of them")
     if args.zip and args.url:
-        raise PrepareError("--zip names a zip on disk, --url one to download; HINT: give one of them")
+        raise cli.UserError("--zip names a zip on disk, --url one to download; HINT: give one of them")
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256):
-        raise PrepareError(f"--sha256 must be 64 hexadecimal digits, got {args.sha256!r}")
+        raise cli.UserError(f"--sha256 must be 64 hexadecimal digits, got {args.sha256!r}")
     if args.sha256 is not None and not (args.url or args.zip):
-        raise PrepareError("--sha256 pins the zip of a --url or a --zip; the datasets' own downloads are checked "
-                           "against their published sha256 already; HINT: drop --sha256")
+        raise cli.UserError("--sha256 pins the zip of a --url or a --zip; the datasets' own downloads are checked "
+                            "against their published sha256 already; HINT: drop --sha256")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
-        raise PrepareError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+        raise cli.UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     args.sha256 = args.sha256 and args.sha256.lower()
     args.dataset_given = args.dataset is not None  # a --url with --dataset is a mirror of the published zip
     args.dataset = args.dataset or DEFAULT_DATASET
@@ -346,8 +340,8 @@ def input_splits(paths, val_paths, val_fraction):
         return file_documents([p for p in paths if p not in val_paths]), file_documents(val_paths)
     n_docs = sum(1 for _ in file_documents(paths))  # a first pass finds where the last documents begin
     if n_docs < 2:
-        raise PrepareError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold some out for "
-                           "val; HINT: start articles with ` = Title = ` lines, or name val files with --val")
+        raise cli.UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold some out for "
+                            "val; HINT: start articles with ` = Title = ` lines, or name val files with --val")
     docs = file_documents(paths)
     train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
     return train_docs, rest_after(train_docs, docs)
@@ -369,20 +363,20 @@ def run(args):
     try:
         tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
     except Exception as e:
-        raise PrepareError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its files "
-                           "on first use and caches them in $TIKTOKEN_CACHE_DIR (default "
-                           f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set TIKTOKEN_CACHE_DIR "
-                           "to a cache filled on a machine with a network (see docs/data.md, Offline)")
+        raise cli.UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its "
+                            "files on first use and caches them in $TIKTOKEN_CACHE_DIR (default "
+                            f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set "
+                            "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network (see docs/data.md, Offline)")
     t0 = time.time()
     if args.input:
         for path in args.input + (args.val or []):
             if not os.path.isfile(path):
-                raise PrepareError(f"input file not found (or not a file): {path}; "
-                                   "HINT: check the path, or drop --input to download WikiText-103")
+                raise cli.UserError(f"input file not found (or not a file): {path}; "
+                                    "HINT: check the path, or drop --input to download WikiText-103")
             try:  # now, rather than as a write error of the .bin that reads it later
                 open(path, "rb").close()
             except OSError as e:
-                raise PrepareError(f"cannot read {path}: {e.strerror.lower()}; HINT: check its permissions, or leave it out")
+                raise cli.UserError(f"cannot read {path}: {e.strerror.lower()}; HINT: check its permissions, or leave it out")
         source = {"input": args.input, "val": args.val} if args.val else args.input
         train_docs, val_docs = ((file_documents(args.input), None) if args.split == "writeup"
                                 else input_splits(args.input, args.val, args.val_fraction))
@@ -391,9 +385,7 @@ def run(args):
         t0 = time.time()  # the summary's speed is that of the text work, not of the download
         train_docs = zip_documents(zip_path, "wiki.train.raw")
         val_docs = None if args.split == "writeup" else zip_documents(zip_path, "wiki.valid.raw")
-    settings = {"split": args.split, "detokenize": args.detokenize, "train_tokens": args.train_tokens,
-                "val_tokens": args.val_tokens, "max_chars": args.max_chars, "source": source}
-    meta = prepare(train_docs, val_docs, args.out_dir, args.num_proc, settings, t0)
+    meta = prepare(train_docs, val_docs, args, source, t0)
     warning = small_val_warning(meta["val"], args)
     if warning:
         print(warning, file=sys.stderr)

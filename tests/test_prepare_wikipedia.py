@@ -465,7 +465,7 @@ def test_input_that_is_not_utf8_text_is_refused(tmp_path, bad_bytes, what, num_p
 def test_bad_byte_offset_counts_earlier_lines(tmp_path):
     path = tmp_path / "x.txt"
     path.write_bytes("é\n".encode("utf-8") * 1000 + b"ok\x80\n")  # 3 bytes a line before it
-    with open(path, "rb") as f, pytest.raises(pw.PrepareError, match="byte 3,002 \\(0x80\\) is not UTF-8"):
+    with open(path, "rb") as f, pytest.raises(cli.UserError, match="byte 3,002 \\(0x80\\) is not UTF-8"):
         list(pw.text_lines(f, str(path)))
 
 
