@@ -72,8 +72,7 @@ WRITEUP_TRAIN_TOKENS = 38_276_830  # the write-ups' training text, in GPT-2 toke
 WRITEUP_VAL_TOKENS = 4_341_780  # their val text, which followed the training text
 _run = configurator.read_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config/future50_mse.py"))
 WRITEUP_RUN_TOKENS = _run["max_iters"] * _run["batch_size"] * _run["gradient_accumulation_steps"] * _run["block_size"]
-# train.py estimates the val loss on random windows of val.bin: with fewer tokens they overlap, and with
-# fewer documents val is a handful of topics
+# train.py estimates the val loss on random windows of val.bin: fewer tokens overlap, fewer documents are few topics
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
@@ -360,13 +359,7 @@ def run(args):
         if os.path.exists(path):
             os.remove(path)
             print(f"removed {path}, left by an interrupted run")
-    try:
-        tiktoken.get_encoding("gpt2")  # fail before a long download, not after it
-    except Exception as e:
-        raise cli.UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its "
-                            "files on first use and caches them in $TIKTOKEN_CACHE_DIR (default "
-                            f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set "
-                            "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network (see docs/data.md, Offline)")
+    fetch.check_tokenizer()  # fail before a long download, not after it
     t0 = time.time()
     if args.input:
         for path in args.input + (args.val or []):

@@ -1,8 +1,8 @@
 """
-Where prepare_wikipedia.py's zip comes from: its size and sha256 are checked before any of it is read; a download
-resumes its .part with an HTTP Range request and records its origin (the URL after redirects, and the sha256); a
-cached zip that fails is renamed *.bad, never deleted; the cache is keyed by URL; retries, backoff and Retry-After
-are urllib3's. A reader of the tutorial may skip this file.
+What prepare_wikipedia.py fetches: the zip, whose size and sha256 are checked before any of it is read, and tiktoken's
+GPT-2 files, checked before a long download. A download resumes its .part with an HTTP Range request and records
+its origin (the URL after redirects, and the sha256); a cached zip that fails is renamed *.bad, never deleted; the
+cache is keyed by URL; retries, backoff and Retry-After are urllib3's. A reader of the tutorial may skip this file.
 """
 import collections
 import contextlib
@@ -11,15 +11,17 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 import zipfile
 from urllib.parse import urlparse
 
 import requests
+import tiktoken
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from lib import cli
+from lib import cli, data
 
 WIKITEXT_MEMBERS = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")  # matched by basename
 USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
@@ -126,8 +128,7 @@ def examine_zip(path, expected):
     size = os.path.getsize(path)
     if expected.size is not None and size != expected.size:
         return f"has {size:,} bytes, expected {expected.size:,}", None
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    digest = data.sha256_of(path)
     if expected.sha256 is not None and digest != expected.sha256:
         return f"has sha256 {digest}, not {expected.sha256}, {expected.whose}", digest
     try:
@@ -191,6 +192,18 @@ def fetch_zip(urls, path, expected, attempts, hint):
             os.replace(part, path)
             return origin
     raise DownloadError(f"could not download the data: {'; '.join(failures)}; HINT: {hint}")
+
+
+def check_tokenizer():
+    """Load tiktoken's GPT-2 BPE files, which it downloads on first use; without them, one line on working offline."""
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise cli.UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its "
+                            "files on first use and caches them in $TIKTOKEN_CACHE_DIR (default "
+                            f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set "
+                            "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network "
+                            "(see docs/data.md, Offline)")
 
 
 def zip_source(args, datasets):

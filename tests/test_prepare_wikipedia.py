@@ -436,7 +436,7 @@ def test_help(capsys):
 def test_a_tokenizer_that_cannot_load_is_one_short_error_line(tmp_path, monkeypatch):
     def offline(name):  # what tiktoken raises without a network or a cache: a long urllib3 text
         raise ConnectionError("HTTPSConnectionPool(host='x', port=443): Max retries exceeded " + "(Caused by ...)" * 20)
-    monkeypatch.setattr(pw.tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(fetch.tiktoken, "get_encoding", offline)
     text, = write_files(tmp_path, [ARTICLES[:5]])
     message = exit_message(["--input", text, "--out_dir", str(tmp_path / "out")])
     assert message.startswith("error: cannot load the GPT-2 tokenizer (ConnectionError); HINT:")
