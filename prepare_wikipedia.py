@@ -37,6 +37,7 @@ import tiktoken
 import configurator
 from lib import cli, data, fetch
 
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """A published WikiText zip: where it is served and what its bytes must be."""
@@ -230,11 +231,9 @@ def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first, tra
 def lock_out_dir(out_dir):
     """Hold out_dir's data lock exclusively while this run writes there, so that neither a run that trains
     from the folder nor a second preparation sees its files change under it."""
-    lock = data.lock_data_dir(out_dir, shared=False)
-    if lock:
+    if lock := data.lock_data_dir(out_dir, shared=False):
         return lock
-    reader = data.lock_data_dir(out_dir, shared=True)  # shared holders are runs, an exclusive one a preparation
-    if reader:
+    if reader := data.lock_data_dir(out_dir, shared=True):  # shared holders are runs, an exclusive one a preparation
         reader.close()
         raise cli.UserError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, data.DATA_LOCK)}), "
                             "so its files cannot change now; HINT: wait for the run to end, or prepare into another "
@@ -350,7 +349,6 @@ def rest_after(head, docs):
     """Val continues the same read, past the train documents that --max_chars left unread."""
     collections.deque(head, maxlen=0)  # reads head to its end
     yield from docs
-
 
 
 def run(args):
