@@ -143,8 +143,11 @@ def plan_runs(configs, seeds, out_root, flags):
     for seed in seeds:
         for name, path in zip(names, configs):
             out_dir = os.path.join(out_root, f"{name}-seed{seed}")
-            config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
-            settings.model_args_of(config)  # a bad model setting fails here, not in every run
+            try:  # the flags go to every config: say which one refuses them
+                config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
+                settings.model_args_of(config)  # a bad model setting fails here, not in every run
+            except ConfigError as e:
+                raise ConfigError(str(e) if path in str(e) else f"{path}: {e}") from None
             runs.append(Run(len(runs) + 1, len(seeds) * len(configs), name, path, seed, config))
     return runs
 
