@@ -218,9 +218,9 @@ def pick_gpus(gpus):
 def run_jobs(jobs, slots, launch, on_done, on_tick, stop=None, poll_s=0.1):
     """Starts each job, in order, on a free slot (one job per slot at a time) with
     launch(job, slot) -> a process (subprocess.Popen or alike); calls on_done(job, exit code)
-    as each ends and on_tick() in between. Once stop.signum is set (cli.StopRequests), starts
-    nothing more, passes the signal on to the running processes at once and waits for them to
-    end. Leaving early (an exception) stops the running processes."""
+    as each ends (within poll_s) and on_tick() in between. Once stop.signum is set
+    (cli.StopRequests), starts nothing more, passes the signal on to the running processes at
+    once and waits for them to end. Leaving early (an exception) stops the running processes."""
     pending, free, running = list(jobs), list(slots), []
     with sleep_that_a_signal_ends() as sleep:
         try:
