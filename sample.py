@@ -9,7 +9,8 @@ Samples text from a model that train.py trained (any of the three; ckpt.pt names
 
 By default the model is out_dir/best.pt, the evaluation with the lowest val loss; a run
 saves that and its latest state, ckpt.pt (--checkpoint=latest). The line naming the checkpoint,
-its iteration and val loss goes to stderr, the samples to stdout (`> samples.txt` keeps them alone).
+its iteration and val loss goes to stderr, and so does a progress line every few seconds of a
+long generation; the samples go to stdout (`> samples.txt` keeps them alone).
 
 Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
 """
@@ -17,17 +18,17 @@ Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached c
 import math
 import os
 import sys
+import time
 
 import tiktoken
 import torch
 
 import configurator
-from lib import cli
+from lib import cli, machine
 from lib.checkpoint import model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
 from lib.guards import load_checkpoint
-from lib.machine import check_device
-from lib.settings import DTYPES, autocast_for
+from lib.settings import autocast_for
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from
@@ -42,6 +43,7 @@ DEFAULTS = dict(
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
     compile=False,  # torch.compile the forward pass (pays off for long samples on a GPU)
 )
+PROGRESS_S = 5.0  # seconds between progress lines (stderr): a generation that takes less shows none
 
 
 def read_prompt(start):
@@ -78,9 +80,7 @@ def check_settings(config):
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
     if config["checkpoint"] not in ("best", "latest"):
         raise ConfigError(f"checkpoint must be 'best' or 'latest', got {config['checkpoint']!r}")
-    if config["dtype"] not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {config['dtype']!r}")
-    check_device(config["device"])
+    machine.check_device(config["device"], config["dtype"])  # what train.py's settings check too
 
 
 def provenance(path, checkpoint):
@@ -129,13 +129,34 @@ def sample(config):
               f"(its block_size), then the tokens it generates")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
+    if device == "cpu":
+        note = machine.busy_cpu_note(torch.get_num_threads())
+        if note:
+            print(note, file=sys.stderr)
     torch.manual_seed(config["seed"])
-    samples = []
     with torch.no_grad(), autocast:
-        for _ in range(config["num_samples"]):
-            y = model.generate(x, config["max_new_tokens"], temperature=config["temperature"],
-                               top_k=config["top_k"] or None)
-            samples.append(enc.decode(y[0].tolist()))
+        return [enc.decode(y[0].tolist()) for y in generate(model, x, config)]
+
+
+def generate(model, x, config):
+    """num_samples continuations of x (1, T), each of max_new_tokens tokens. model.generate is
+    called one token at a time, which draws the same tokens as one call for all of them, so that
+    a long generation (a slow or busy CPU) shows its progress on stderr every PROGRESS_S seconds."""
+    n_new = config["max_new_tokens"]
+    total = config["num_samples"] * n_new
+    t0 = shown = time.monotonic()
+    samples = []
+    for sample_index in range(config["num_samples"]):
+        y = x
+        for token in range(1, n_new + 1):
+            y = model.generate(y, 1, temperature=config["temperature"], top_k=config["top_k"] or None)
+            now = time.monotonic()
+            if now - shown >= PROGRESS_S:
+                shown, done = now, sample_index * n_new + token
+                rate = done / (now - t0)
+                print(f"{done:,} of {total:,} tokens, {rate:.1f} tokens/s, "
+                      f"about {machine.duration((total - done) / rate)} left", file=sys.stderr)
+        samples.append(y)
     return samples
 
 

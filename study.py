@@ -15,11 +15,13 @@ run per GPU at a time. The table is printed and written to OUT_ROOT/study.md and
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
+import select
 import signal
 import statistics
 import subprocess
@@ -141,8 +143,11 @@ def plan_runs(configs, seeds, out_root, flags):
     for seed in seeds:
         for name, path in zip(names, configs):
             out_dir = os.path.join(out_root, f"{name}-seed{seed}")
-            config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
-            settings.model_args_of(config)  # a bad model setting fails here, not in every run
+            try:  # the flags go to every config: say which one refuses them
+                config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
+                settings.model_args_of(config)  # a bad model setting fails here, not in every run
+            except ConfigError as e:
+                raise ConfigError(str(e) if path in str(e) else f"{path}: {e}") from None
             runs.append(Run(len(runs) + 1, len(seeds) * len(configs), name, path, seed, config))
     return runs
 
@@ -210,36 +215,61 @@ def pick_gpus(gpus):
     return list(range(count)) if count > 1 else [None]
 
 
-def run_jobs(jobs, slots, launch, on_done, on_tick, stop=None, poll_s=0.5):
+def run_jobs(jobs, slots, launch, on_done, on_tick, stop=None, poll_s=0.1):
     """Starts each job, in order, on a free slot (one job per slot at a time) with
     launch(job, slot) -> a process (subprocess.Popen or alike); calls on_done(job, exit code)
-    as each ends and on_tick() in between. Once stop.signum is set (cli.StopRequests), starts
-    nothing more, passes the signal on to the running processes and waits for them to end.
-    Leaving early (an exception) stops the running processes."""
+    as each ends (within poll_s) and on_tick() in between. Once stop.signum is set
+    (cli.StopRequests), starts nothing more, passes the signal on to the running processes at
+    once and waits for them to end. Leaving early (an exception) stops the running processes."""
     pending, free, running = list(jobs), list(slots), []
+    with sleep_that_a_signal_ends() as sleep:
+        try:
+            while pending or running:
+                if stop and stop.signum and pending is not None:
+                    pending = None  # nothing more starts
+                    for _, _, process in running:
+                        process.send_signal(stop.signum)  # once: each run saves its state and stops
+                while pending and free:
+                    job, slot = pending.pop(0), free.pop(0)
+                    running.append((job, slot, launch(job, slot)))
+                for entry in list(running):
+                    job, slot, process = entry
+                    code = process.poll()
+                    if code is not None:
+                        running.remove(entry)
+                        free.append(slot)
+                        on_done(job, code)
+                on_tick()
+                if running:
+                    sleep(poll_s)
+        finally:
+            for _, _, process in running:  # interrupted: each run keeps its last checkpoint
+                process.terminate()
+                process.wait()
+
+
+@contextlib.contextmanager
+def sleep_that_a_signal_ends():
+    """A sleep(seconds) that a signal cuts short, so that a stop request is passed on at once.
+    time.sleep goes on sleeping after the signal's handler has run (PEP 475); here the signal
+    also writes a byte to a pipe (signal.set_wakeup_fd), and select wakes up on it."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
+        yield time.sleep
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # set_wakeup_fd's condition: a signal never waits on a full pipe
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def sleep(seconds):
+        if select.select([read_fd], [], [], seconds)[0]:
+            os.read(read_fd, 512)  # empty it for the next sleep
+
     try:
-        while pending or running:
-            if stop and stop.signum and pending is not None:
-                pending = None  # nothing more starts
-                for _, _, process in running:
-                    process.send_signal(stop.signum)  # each run saves its state and stops
-            while pending and free:
-                job, slot = pending.pop(0), free.pop(0)
-                running.append((job, slot, launch(job, slot)))
-            for entry in list(running):
-                job, slot, process = entry
-                code = process.poll()
-                if code is not None:
-                    running.remove(entry)
-                    free.append(slot)
-                    on_done(job, code)
-            on_tick()
-            if running:
-                time.sleep(poll_s)
+        yield sleep
     finally:
-        for _, _, process in running:  # interrupted: each run keeps its last checkpoint
-            process.terminate()
-            process.wait()
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def follow(process, run):
@@ -382,7 +412,14 @@ def run_result(run):
     if at > run.max_iters:
         result["status"] = f"trained to iter {at:,}, past max_iters {run.max_iters:,}"
     elif at < run.max_iters:
-        result["status"] = f"at iter {at:,} of {run.max_iters:,}"
+        # ckpt.pt's iteration, where a resume goes on: a signal saves the state after the last evaluation
+        try:
+            saved = result["saved_iter"] = saved_iteration(os.path.join(run.out_dir, "ckpt.pt"))
+        except UserError:
+            result["status"] = f"at iter {at:,} of {run.max_iters:,}, no checkpoint to resume"
+        else:
+            evaluated = f", last evaluated at {at:,}" if last_eval and at != saved else ""
+            result["status"] = f"saved at iter {saved:,} of {run.max_iters:,}{evaluated}"
     else:
         # each model logs at most one auxiliary loss
         result.update(status="finished", train_loss=last_eval["train_loss"], val_loss=last_eval["val_loss"],
@@ -562,4 +599,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_now(main())  # without the interpreter's teardown of torch's modules, a second or more

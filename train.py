@@ -28,7 +28,6 @@ import functools
 import math
 import os
 import random
-import sys
 import time
 from contextlib import nullcontext
 
@@ -247,6 +246,8 @@ def train(config):
             # a signal: every process stops after this same step, with the state saved
             launch.stop_if_requested(iter_num, save=lambda: save_latest(launch.gather_rng_states(batch_generator)))
 
+        if logger and logger.wandb:
+            logger.wandb.finish()  # the process ends without the interpreter's teardown, which would do it
         return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
 
 
@@ -306,4 +307,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_now(main())  # without the interpreter's teardown of torch's modules, which takes seconds

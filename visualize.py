@@ -195,11 +195,14 @@ def save(fig, path, dpi):
 
 
 # text in points (1/72 inch), sizes in inches: at the default dpi, 80, a point is 1.1 px, so the
-# smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,920 px wide
+# smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,520 px wide, shown
+# whole at 100% on a laptop's screen
 TICK_PT, LABEL_PT = 9, 10
-SCREEN_INCHES = 24.0  # the widest a picture grows before its panels wrap to a new row
+SCREEN_INCHES = 19.0  # the widest a picture grows: its panels shrink, then a layer's heads take more rows
 MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
 P_OMNI_INCHES = 4.5  # the widest a P_omni panel grows
+SMALLEST = 0.55  # the scale down to which a layer's panels shrink to keep its heads in one row
+WEIGHT_FLOOR = 1e-3  # the colour scale's lowest weight; a spread-out row of T keys holds weights near 1/T
 
 
 def panel_inches(T):
@@ -208,13 +211,26 @@ def panel_inches(T):
     return min(max(0.3 * T, 1.5), 2.2)
 
 
+def head_rows(n_heads, panel_widths, gaps):
+    """(the row of each head, the scale of the panels) for a layer's heads, each a group of
+    panels panel_widths inches wide with gaps inches between them: one row, its panels shrunk
+    to fit SCREEN_INCHES (down to SMALLEST); else the fewest rows that fit, filled alike
+    (4 heads: 2 + 2, never 3 + 1)."""
+    room = SCREEN_INCHES - MARGIN_INCHES
+    fit = max(1, int(room // (SMALLEST * sum(panel_widths) + gaps)))  # heads a row holds at the smallest scale
+    rows = -(-n_heads // fit)
+    per_row = -(-n_heads // rows)
+    return [h * rows // n_heads for h in range(n_heads)], min(1.0, (room / per_row - gaps) / sum(panel_widths))
+
+
 def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left=True, bottom=True):
-    """One attention map P (T, K), queries down and keys across, on a square-root scale: the
-    causal part j <= i in blue and, with future_dim, the band i < j <= i + future_dim in orange.
-    A cell is cell_inches (high, wide). Token labels on the queries (left) and keys (bottom) of
-    a short prompt's outer panels."""
-    from matplotlib.colors import PowerNorm
-    norm = PowerNorm(0.5, vmin=0.0, vmax=1.0)  # the square root shows the small weights too
+    """One attention map P (T, K), queries down and keys across, on a log scale from WEIGHT_FLOOR
+    to 1 so that small weights show: the causal part j <= i in blue and, with future_dim, the
+    band i < j <= i + future_dim in orange. A cell is cell_inches (high, wide). Token labels on
+    the queries (left) and keys (bottom) of a short prompt's outer panels."""
+    from matplotlib.colors import LogNorm
+    norm = LogNorm(vmin=WEIGHT_FLOOR, vmax=1.0)
+    P = np.maximum(P, WEIGHT_FLOOR)  # a weight below the scale (0 included) takes its lowest colour
     T = len(labels)
     i, j = np.arange(T)[:, None], np.arange(P.shape[1])[None, :]
     image = dict(norm=norm, interpolation="nearest", aspect=cell_inches[0] / cell_inches[1])
@@ -242,8 +258,8 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
     """One group of panels per (layer, head): its map, or with future attention (future_dim
     set) P_omni drawn as future_square and beside it its target P*, on the same colours. Each
     panel is as wide as its keys: P_omni's run past the prompt into the future band, P*'s and
-    the causal maps' stop at the prompt. The heads of a layer fill a row as wide as a screen,
-    then wrap; each layer starts a new row."""
+    the causal maps' stop at the prompt. The heads of a layer share a row as wide as a laptop's
+    screen, or rows filled alike (head_rows); each layer starts a new row."""
     plt = pyplot()
     T = len(labels)
     groups = []  # per layer, per head: [(title, (T, K) map or None, future_dim of its band)]
@@ -267,9 +283,11 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
     widths = [inch_y * n for n in keys]
     if len(keys) == 2:  # P_omni's future keys past a short prompt: narrower cells, so that groups share a row
         widths[0] = min(widths[0], P_OMNI_INCHES)
+    row_of, scale = head_rows(len(heads), widths, gaps)
+    inch_y, widths = scale * inch_y, [scale * width for width in widths]
     group_inches = sum(widths) + gaps
-    per_row = max(1, min(len(heads), int((SCREEN_INCHES - MARGIN_INCHES) // group_inches)))
-    rows_per_layer = -(-len(heads) // per_row)
+    column_of = [h - row_of.index(row_of[h]) for h in range(len(heads))]  # the place of each head in its row
+    rows_per_layer, per_row = row_of[-1] + 1, max(column_of) + 1
     n_rows = len(layers) * rows_per_layer
     longest = max(len(label) for label in labels) if T <= 64 else 4
     fig, axes = plt.subplots(n_rows, per_row * len(keys), squeeze=False, layout="constrained",
@@ -281,19 +299,20 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
     images = {}  # one image of each colour, for the colour bars
     for layer_index, row_groups in enumerate(groups):
         for h, group in enumerate(row_groups):
-            row = layer_index * rows_per_layer + h // per_row
-            last_of_column = row == n_rows - 1 or (layer_index == len(groups) - 1 and h + per_row >= len(heads))
+            row, column = layer_index * rows_per_layer + row_of[h], column_of[h]
+            # key labels under the last panel of each column: the last layer's, with no head below it
+            last_of_column = layer_index == len(groups) - 1 and (row_of[h] + 1, column) not in zip(row_of, column_of)
             for k, (name, P, band) in enumerate(group):
                 if P is None:
                     continue
-                ax = axes[row, (h % per_row) * len(keys) + k]
+                ax = axes[row, column * len(keys) + k]
                 ax.axis("on")
                 images.update(zip(("causal", "future"), draw_map(
                     ax, P.float().numpy(), name, labels, band, cell_inches=(inch_y, widths[k] / keys[k]),
-                    left=h % per_row == 0 and k == 0, bottom=last_of_column)))
+                    left=column == 0 and k == 0, bottom=last_of_column)))
     bar = dict(ax=axes, location="bottom", shrink=min(0.8, 6 / fig.get_figwidth()), aspect=40, pad=0.02,
-               panchor=False, ticks=[0, 0.05, 0.2, 0.5, 1])  # evenly spread on the square-root scale
-    fig.colorbar(images["causal"], **bar).set_label("attention weight, keys j <= i", fontsize=LABEL_PT)
+               panchor=False)
+    fig.colorbar(images["causal"], **bar).set_label("attention weight (log scale), keys j <= i", fontsize=LABEL_PT)
     if "future" in images:
         fig.colorbar(images["future"], **bar).set_label("future keys, i < j <= i + future_dim", fontsize=LABEL_PT)
     fig.suptitle(title, fontsize=LABEL_PT + 2)

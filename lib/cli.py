@@ -216,6 +216,11 @@ def main(entry):
             if str(e):  # empty for the processes of a DDP run that leave the talking to rank 0
                 print(e, file=sys.stderr)
             return 128 + e.signum
+        except BrokenPipeError:  # `python sample.py ... | head`: the reader has what it wanted
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
+            os.close(devnull)
+            return 128 + signal.SIGPIPE
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

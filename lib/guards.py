@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from lib import checkpoint, cli, data, settings
+from lib import checkpoint, cli, data, machine, settings
 from lib.cli import ConfigError, UserError
 
 DIVERGED_NATS = 1.0  # an evaluation this far above the run's best val loss holds no state worth resuming
@@ -66,6 +66,9 @@ class Launch:
                     self.data_lock = data.hold_for_reading(self.config["data_dir"])  # before the data is checked
                     self.data_identity, self.data_stamps = check_before_writing(self.config, self.world_size)
                     self.out_lock = claim_out_dir(self.config)
+                    busy = self.device == "cpu" and machine.busy_cpu_note(torch.get_num_threads())
+                    if busy:  # other processes on the cores torch's threads need: many times slower
+                        print(busy, file=sys.stderr)
             acknowledge = self.acknowledge if self.master else None
             self.stop = cli.StopRequests(acknowledge, passed_on=self.ddp, exit_within_s=10.0 if self.as_script else None)
             self.stop.__enter__()

@@ -1,10 +1,12 @@
 """
 What a run's settings must be, and the machine they meet: values that would fail mid-run are
-refused up front; the device a setting names must exist; a GPU's peak FLOP/s, which model FLOPs
-utilization (MFU) is measured against; a CPU's speed, to warn before a config sized for a GPU
-starts there. A reader of the tutorial may skip this file.
+refused up front; the device and precision a setting names must exist; a GPU's peak FLOP/s,
+which model FLOPs utilization (MFU) is measured against; a CPU's speed, to warn before a config
+sized for a GPU starts there; a CPU that other processes keep busy. A reader of the tutorial
+may skip this file.
 """
 
+import os
 import time
 
 import torch
@@ -23,11 +25,13 @@ PEAK_FLOPS = (
 )
 
 
-def check_settings(config, dtypes):
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto = bf16 (else fp16) on CUDA, fp32 on a CPU
+
+
+def check_settings(config):
     """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
-    for key, allowed in (("init_from", ("scratch", "resume")), ("dtype", dtypes)):
-        if config[key] not in allowed:
-            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
+    if config["init_from"] not in ("scratch", "resume"):
+        raise ConfigError(f"init_from must be one of 'scratch', 'resume', got {config['init_from']!r}")
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
@@ -49,11 +53,13 @@ def check_settings(config, dtypes):
             problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
     if problems:
         raise ConfigError("; ".join(problems))
-    check_device(config["device"])
+    check_device(config["device"], config["dtype"])
 
 
-def check_device(device):
-    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist."""
+def check_device(device, dtype="auto"):
+    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist; dtype one of DTYPES."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
         kind = torch.device(device).type
     except RuntimeError:
@@ -115,3 +121,22 @@ def warn_if_slow_on_cpu(config, flops_per_token, tokens_per_step, flops=None):
         print(f"note: max_iters is {config['max_iters']:,}: for a first run on a CPU use config/tiny_cpu.py")
     if config["compile"]:
         print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")
+
+
+def busy_cpu_note(threads):
+    """A note, or None: say so when other processes keep busy the cores that torch's `threads`
+    need, at the start of a run, before this process adds to the load. A thread whose core is
+    taken runs only now and then, and the others wait for it at every operation: sample.py ran
+    60× slower with one of 2 cores taken, and as fast as ever on one thread. The others' load is
+    the 1-minute load average: the processes running or ready to, over all cores."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # a system without a load average
+        return None
+    cores = os.cpu_count() or 1
+    free = max(cores - round(load), 1)  # the cores the others leave, at least one
+    if threads <= free:
+        return None
+    return (f"note: other processes keep this CPU busy (load average {load:.1f} on {cores} cores), and torch's "
+            f"{threads} threads would wait for each other, many times slower: put OMP_NUM_THREADS={free} in front "
+            f"of the command (OMP_NUM_THREADS={free} python ...)")

@@ -22,7 +22,7 @@ from lib import data, machine
 from lib.cli import ConfigError
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = machine.DTYPES  # auto = bf16 (else fp16) on CUDA, fp32 on a CPU
 
 MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
 
@@ -91,7 +91,7 @@ def get_config(argv, script_keys=(), check_model=False):
     if "model_type" in overrides:
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
     config = configurator.merge(default_config(model_type), files, overrides, script_keys)
-    machine.check_settings(config, DTYPES)  # values that would fail mid-run, and the device
+    machine.check_settings(config)  # values that would fail mid-run, the device and the dtype
     try:
         if check_model:  # the model's own checks (its GPTConfig), naming the config files they read
             model_args_of(config)

@@ -104,3 +104,26 @@ def test_progress_rewrites_one_line_and_ends_it_with_the_last_numbers(capsys, mo
         progress.show("2 of 3")  # 0.1 s later: not shown
         progress.show("3 of 3")  # 0.3 s after the first: shown
     assert capsys.readouterr().err == "\r1 of 3\r3 of 3\n"
+
+
+PRINTS_MUCH = """
+import sys
+from lib import cli
+
+@cli.main
+def main(argv):
+    for i in range(1_000_000):
+        print("line", i)
+
+sys.exit(main())
+"""
+
+
+def test_a_reader_that_goes_away_ends_a_script_quietly():
+    # `python sample.py ... | head`: no BrokenPipeError traceback, the status a shell gives a SIGPIPE
+    process = subprocess.Popen([sys.executable, "-c", PRINTS_MUCH], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "line 0\n"
+    process.stdout.close()  # what head does after its lines
+    assert process.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert process.stderr.read() == ""

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 
 import report
 import study
+from lib import cli
 from lib.checkpoint import TRAINING_KEYS
 from lib.guards import load_checkpoint, saved_iteration
 from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
@@ -56,6 +58,16 @@ def run_study(argv):
 
 def starts(out_dir):
     return [r for r in read_log(out_dir) if r["type"] == "start"]
+
+
+def open_or_empty(path):
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+BEYOND_REACH = 10**6  # the max_iters of a run a test stops: no machine trains that far in a test's time
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +147,10 @@ def test_the_table_holds_mean_and_std_over_seeds(finished_study):
 
 
 def test_kill_then_resume(two_configs, tmp_path):
-    # a real kill -9 of study.py and its train.py after a checkpoint past iteration 0
+    # a real kill -9 of study.py and its train.py after a checkpoint past iteration 0, in a run
+    # that cannot reach its end first however fast the machine; resumed to a few steps further
     argv = [two_configs["base"], "--seeds=7", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
-            "--max_iters=100", "--eval_interval=5"]
+            f"--max_iters={BEYOND_REACH}", "--eval_interval=5"]
     ckpt_path = tmp_path / "base-seed7" / "ckpt.pt"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "study.py"), *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -153,25 +166,34 @@ def test_kill_then_resume(two_configs, tmp_path):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
     killed_at = load_checkpoint(str(ckpt_path))["iter_num"]
-    assert 0 < killed_at < 100
-    status, out, _ = run_study(argv)
+    assert killed_at > 0
+    status, out, _ = run_study([*argv, f"--max_iters={killed_at + 7}"])
     assert status == 0 and f"[1/1] base-seed7: resuming from iter {killed_at}" in out
     records = read_log(tmp_path / "base-seed7")
     resumed = [r for r in records if r["type"] == "start"][-1]
     assert resumed["init_from"] == "resume" and resumed["iter_num"] == killed_at
-    assert records[-1]["type"] == "eval" and records[-1]["iter"] == 100
+    assert records[-1]["type"] == "eval" and records[-1]["iter"] == killed_at + 7
     kept, _ = report.read_log(str(tmp_path / "base-seed7"))  # the resumed run supersedes the killed one
-    assert [r["iter"] for r in kept if r["type"] == "train"] == list(range(1, 101))
+    assert [r["iter"] for r in kept if r["type"] == "train"] == list(range(1, killed_at + 8))
+
+
+def train_iters(run_dir):
+    """The iterations of the train records in a run's log so far."""
+    with open(run_dir / "log.jsonl") as f:
+        return [r["iter"] for r in map(json.loads, f) if r["type"] == "train"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
-def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, two_configs, tmp_path):
+def test_study_passes_a_signal_on_at_once_and_resumes(signum, two_configs, tmp_path):
+    # a run far from its end, so that the signal lands mid-run however fast the machine; its
+    # steps take milliseconds, so a signal passed on late shows as many steps trained after it
     argv = [two_configs["base"], "--seeds=3", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
-            "--max_iters=150", "--eval_interval=50"]
+            f"--max_iters={BEYOND_REACH}", "--eval_interval=50"]
     run_dir = tmp_path / "base-seed3"
     process = start(argv, launcher=(sys.executable, "study.py"))
     wait_for(trained_to(run_dir, 20), process)
     child = int(open(run_dir / "train.lock").read().split("process ")[1].split()[0])
+    sent_at = train_iters(run_dir)[-1]  # the last step logged when the signal goes
     process.send_signal(signum)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signum and "Traceback" not in out + err
@@ -182,30 +204,44 @@ def test_study_passes_a_signal_on_and_the_same_command_finishes(signum, two_conf
                         "the study\n")
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # train.py ended with study.py
+    # train.py says, as the signal reaches it, the step it stops after: the one under way
+    heard = (run_dir / "train.out").read_text().split(f"{name}: stopping after iteration ")[1]
+    stops_after = int(heard.split()[0])
     stopped_at = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert stopped_at == stops_after
+    step_s = np.median([r["ms_per_iter"] for r in read_log(run_dir) if r["type"] == "train"]) / 1000
+    late_s = (stops_after - 1 - sent_at) * step_s  # steps the run trained before the signal reached it
+    assert late_s < 0.25, f"the signal reached the run {stops_after - 1 - sent_at} steps ({late_s:.2f} s) late"
     assert f"base-seed3: stopped at iter {stopped_at}, its state saved" in out
+    # the table names the iteration saved, where the same command goes on
+    evaluated = "" if stopped_at % 50 == 0 else f", last evaluated at {stopped_at // 50 * 50}"
+    assert f"Not finished, left out of the means: base-seed3 (saved at iter {stopped_at:,} of {BEYOND_REACH:,}{evaluated})." in out
     if signum != signal.SIGTERM:
         return  # resuming is the same after every signal: once is enough
-    status, out, _ = run_study(argv)
+    status, out, _ = run_study([*argv, f"--max_iters={stopped_at + 7}"])
     assert status == 0 and f"[1/1] base-seed3: resuming from iter {stopped_at}" in out
     trains = [r["iter"] for r in report.read_log(str(run_dir))[0] if r["type"] == "train"]
-    assert trains == list(range(1, 151))
+    assert trains == list(range(1, stopped_at + 8))
 
 
 def test_a_second_study_on_the_same_out_root_is_refused(two_configs, tmp_path):
     argv = [two_configs["base"], "--seeds=4", f"--out_root={tmp_path}", f"--data_dir={two_configs['data']}",
-            "--max_iters=200", "--eval_interval=100"]  # seconds: the second comes long before the end
+            "--max_iters=40", "--eval_interval=20"]
     run_dir = tmp_path / "base-seed4"
     first = start(argv, launcher=(sys.executable, "study.py"))
-    wait_for(trained_to(run_dir, 5), first)
-    status, out, err = run_study(argv)
+    wait_for(lambda: "process" in open_or_empty(tmp_path / "study.lock"), first)
+    os.kill(first.pid, signal.SIGSTOP)  # the first holds its lock until we let it go on, however fast its run
+    try:
+        status, out, err = run_study(argv)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert status == 1 and out == ""
     assert err == (f"error: {tmp_path} is in use by study.py (process {first.pid} on {socket.gethostname()}): "
                    "wait for it to end, or choose another --out_root\n")
     out, err = first.communicate(timeout=120)  # the first finishes untouched
     assert first.returncode == 0, err
-    assert "[1/1] base-seed4: done at iter 200" in out and "FAILED" not in out
-    assert [r["iter"] for r in read_log(run_dir) if r["type"] == "train"] == list(range(1, 201))
+    assert "[1/1] base-seed4: done at iter 40" in out and "FAILED" not in out
+    assert train_iters(run_dir) == list(range(1, 41))
     assert len(starts(run_dir)) == 1
 
 
@@ -359,6 +395,34 @@ def test_run_jobs_stops_its_processes_when_interrupted():
     assert len(processes) == 2 and all(p.terminated and p.waited for p in processes)
 
 
+def test_run_jobs_passes_a_signal_on_at_once():
+    # a signal that comes while run_jobs waits between two looks at its processes reaches them
+    # at once, not at the next look (here a minute away)
+    class Process:
+        signalled = None  # (signal, seconds after the signal was sent)
+
+        def poll(self):
+            return None if self.signalled is None else 128 + self.signalled[0]
+
+        def send_signal(self, signum):
+            self.signalled = (signum, time.monotonic() - sent[0])
+
+    processes, codes, sent = [], {}, [None]
+
+    def send():
+        sent[0] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    timer = threading.Timer(0.2, send)
+    with cli.StopRequests() as stop:
+        timer.start()
+        study.run_jobs(["a", "b"], [0, 1], lambda job, slot: processes.append(Process()) or processes[-1],
+                       on_done=codes.__setitem__, on_tick=lambda: None, stop=stop, poll_s=60)
+    assert codes == {"a": 128 + signal.SIGUSR1, "b": 128 + signal.SIGUSR1}
+    for process in processes:
+        assert process.signalled[0] == signal.SIGUSR1 and process.signalled[1] < 5
+
+
 def test_pick_gpus(monkeypatch):
     monkeypatch.setattr(study.torch.cuda, "device_count", lambda: 4)
     assert study.pick_gpus(None) == [0, 1, 2, 3]
@@ -420,6 +484,10 @@ def test_flags_as_key_space_value():
     (["config/baseline.py", "--gpus=a"], "--gpus takes distinct comma-separated integers"),
     (["config/baseline.py", "--max_itres=3"], "unknown key max_itres; did you mean max_iters?"),
     (["config/baseline.py", "baseline.py"], "two configs share a name"),
+    # a flag that one config of the study refuses: that config is named
+    (["config/baseline.py", "config/future50_mse.py", "--n_embd=150"],
+     "config/future50_mse.py: n_embd (150) must be divisible by n_head (9)"),
+    (["config/baseline.py", "config/future50_mse.py", "--future_dim=3"], "config/baseline.py: unknown key future_dim"),
 ])
 def test_bad_input_is_one_line_and_status_2(argv, message, monkeypatch):
     monkeypatch.chdir(REPO)

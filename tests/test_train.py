@@ -461,6 +461,20 @@ def test_the_free_space_a_save_needs_counts_the_tied_weights_once(data_dir, tmp_
         assert 0.8 * written < asked[name] <= written, (name, asked[name], written)
 
 
+def test_a_busy_cpu_is_said_once_at_the_start(data_dir, tmp_path, monkeypatch, capsys):
+    # other processes keep both cores busy while torch would use two threads: say so, with the fix
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert train.main(argv_for(data_dir, tmp_path, max_iters=1)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "keep this CPU busy" in line]
+    assert len(notes) == 1 and "OMP_NUM_THREADS=1" in notes[0]
+
+
 def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, monkeypatch, capsys):
     # a model too large for the memory fails at its first forward, the evaluation at iteration 0:
     # one line that says what to change, and no out_dir that the next run would refuse

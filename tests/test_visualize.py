@@ -313,8 +313,55 @@ def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, 
     assert sorted(smallest_text) == pictures
     for picture in pictures:
         width, height = png_size(tmp_path / picture)
-        assert width <= 2000 and height <= 2000, (picture, width, height)
+        assert width <= 1600 and height <= 2000, (picture, width, height)  # at 100% on a laptop's screen
         assert smallest_text[picture] >= 10, picture
+
+
+@pytest.mark.parametrize("n_heads", range(1, 9))
+@pytest.mark.parametrize("panel_widths", [[2.2], [4.5, 2.2], [3.3, 2.2], [0.8, 0.8], [30.0]],
+                         ids=["causal", "P_omni_wide", "P_omni", "tiny", "wider_than_a_screen"])
+def test_head_rows_fill_rows_alike_within_a_screen(n_heads, panel_widths):
+    gaps = 0.35 * len(panel_widths)
+    room = visualize.SCREEN_INCHES - visualize.MARGIN_INCHES
+    row_of, scale = visualize.head_rows(n_heads, panel_widths, gaps)
+    counts = [row_of.count(row) for row in range(row_of[-1] + 1)]
+    assert row_of == sorted(row_of) and min(counts) >= 1 and max(counts) - min(counts) <= 1  # 2 + 2, never 3 + 1
+    # the fewest rows whose groups fit at the smallest scale, found by trying every count of rows
+    fewest = next(rows for rows in range(1, n_heads + 1)
+                  if -(-n_heads // rows) * (visualize.SMALLEST * sum(panel_widths) + gaps) <= room or rows == n_heads)
+    assert len(counts) == fewest
+    assert max(counts) * (scale * sum(panel_widths) + gaps) <= room + 1e-9 and scale <= 1  # within the screen
+    if n_heads * (sum(panel_widths) + gaps) <= room:
+        assert scale == 1  # what fits is not shrunk
+
+
+@draws
+def test_future_attention_of_4_heads_takes_a_row_per_layer(tmp_path, monkeypatch):
+    # the quick start's future-attention model (4 heads, here 2 of its 4 layers) on a 31-token
+    # prompt: one row of heads per layer, under 1600 px wide, on a colour scale where a row's
+    # spread weights show
+    model = random_model(fa, block_size=64, future_dim=16)
+    T = 31
+    maps = visualize.attention_maps(model.float(), torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(5)))
+    save, drawn = visualize.save, {}
+
+    def measured_save(fig, path, dpi):
+        panels = [ax for ax in fig.axes if ax.get_title().endswith("P_omni")]
+        drawn["rows"] = sorted({round(ax.get_position().y0, 3) for ax in panels})
+        drawn["per_row"] = {y: sum(round(ax.get_position().y0, 3) == y for ax in panels) for y in drawn["rows"]}
+        drawn["norms"] = [image.norm for ax in panels for image in ax.get_images()]
+        save(fig, path, dpi)
+
+    monkeypatch.setattr(visualize, "save", measured_save)
+    labels = [f"t{t}" for t in range(T)]
+    path = tmp_path / "future.png"
+    visualize.draw_attention(str(path), "future attention", maps["future"], maps["target"], [0, 1], [0, 1, 2, 3],
+                             labels, future_dim=16, dpi=80)
+    width, height = png_size(path)
+    assert width <= 1600 and height <= 800, (width, height)
+    assert len(drawn["rows"]) == 2 and set(drawn["per_row"].values()) == {4}
+    for norm in drawn["norms"]:  # a weight of 1/T, a row spread evenly, in the middle third of the colours
+        assert 1 / 3 < norm(1 / T) < 2 / 3 and norm(1.0) == 1.0
 
 
 @draws
