@@ -148,19 +148,16 @@ class Launch:
         values = [("loss", loss), *checkpoint.flat_aux(aux), *([] if fp16 else [("gradient norm", grad_norm)])]
         bad = [name for name, value in values if not math.isfinite(value)]
         if bad:
-            self.under_way = f"iteration {iteration}"
             self.diverged(f"iteration {iteration}: non-finite {', '.join(bad)} "
                           f"({', '.join(f'{n} {v}' for n, v in values)})")
-        self.under_way = f"iteration {iteration + 1}"
 
     @contextlib.contextmanager
     def evaluation(self, iter_num):
         """Around an evaluation (rank 0's): a signal meanwhile stops the run when it ends, and a problem
         found there (rank0_decides) stops every process."""
-        self.under_way = f"the evaluation at iteration {iter_num}"
+        self.under_way = f"the evaluation at iteration {iter_num}"  # until stop_if_requested has looked
         with self.rank0_decides():
             yield
-        self.under_way = f"iteration {iter_num + 1}"
 
     def check_data_unchanged(self):
         """Stops the run when its data files were rewritten since it hashed them (a cheap check of
@@ -233,7 +230,9 @@ class Launch:
             flag = torch.tensor([signum or 0], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signum = flag.item() or None
-        if not signum:
+        if not signum:  # what comes next, which a signal from now on waits for: an evaluation, or a step
+            due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
+            self.under_way = f"the evaluation at iteration {iter_num}" if save and due else f"iteration {iter_num + 1}"
             return
         if save:
             save()

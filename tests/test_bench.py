@@ -247,4 +247,4 @@ def test_causal_times_check_causal_in_a_fresh_process_per_model(tmp_path, monkey
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["models.py:causal"][-1] == "causal" and rows["models.py:leaky"][-2:] == ["-", "leak"]
     wall, cpu, checks = (float(x) for x in rows["models.py:causal"][:3])
-    assert 0 < checks < wall and cpu > 0
+    assert 0 <= checks < wall and cpu > 0  # a tiny model's checks may take less than the 0.1 s printed

@@ -486,7 +486,7 @@ def test_flags_as_key_space_value():
     (["config/baseline.py", "baseline.py"], "two configs share a name"),
     # a flag that one config of the study refuses: that config is named
     (["config/baseline.py", "config/future50_mse.py", "--n_embd=150"],
-     "config/future50_mse.py: n_embd (150) must be divisible by n_head (9)"),
+     "config/future50_mse.py: n_embd must be divisible by n_head (9), got 150"),
     (["config/baseline.py", "config/future50_mse.py", "--future_dim=3"], "config/baseline.py: unknown key future_dim"),
 ])
 def test_bad_input_is_one_line_and_status_2(argv, message, monkeypatch):

@@ -891,6 +891,7 @@ def test_a_gpu_sized_config_on_a_cpu_says_what_a_step_costs_and_answers_ctrl_c_a
         assert "and the first evaluation (2 × 1 batches of 2 sequences, forward only) at least " in note
         assert "config/tiny_cpu.py" in next_line_with(out, "note: max_iters is 9,000", timeout=1)
         wait_for((out_dir / "ckpt.pt").exists, process, timeout=60)  # saved at 0; the first step takes minutes
+        time.sleep(1)  # past the look for a signal that follows the evaluation's save: in the first step
         process.send_signal(signal.SIGINT)
         acknowledgement = next_line_with(err, "SIGINT", timeout=10)  # at once, not after the step
         assert acknowledgement == "SIGINT: stopping after iteration 1 with its state saved; Ctrl-C again to stop at once\n"
