@@ -225,14 +225,15 @@ class Launch:
         """After a signal to any process, every process stops here, after the same step: save() (on
         every process; None when the state was just saved) writes ckpt.pt, then cli.Stopped ends the
         run with the command that continues it."""
-        signum = self.stop.signum
+        # what comes next, an evaluation or a step: a signal from the moment signum is read stops after it
+        due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
+        upcoming = f"the evaluation at iteration {iter_num}" if save and due else f"iteration {iter_num + 1}"
+        signum, self.under_way = self.stop.signum, upcoming
         if self.ddp:
             flag = torch.tensor([signum or 0], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             signum = flag.item() or None
-        if not signum:  # what comes next, which a signal from now on waits for: an evaluation, or a step
-            due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
-            self.under_way = f"the evaluation at iteration {iter_num}" if save and due else f"iteration {iter_num + 1}"
+        if not signum:
             return
         if save:
             save()
