@@ -107,7 +107,7 @@ def merge(defaults, files, overrides, script_keys=(), program="train.py"):
             continue
         if key not in defaults:
             problems.append(unknown_key(key, [*defaults, *script_keys], program))
-        elif overrides.get(key, "") is None and given.startswith("--") and not isinstance(defaults[key], bool):
+        elif given == f"--{key}" and not isinstance(defaults[key], bool):  # a flag alone, of a key that is not a switch
             problems.append(f"{given} has no value: write {given}=VALUE or {given} VALUE")
         else:
             value, expected = check_type(value, defaults[key])

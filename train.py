@@ -218,7 +218,7 @@ def train(config):
                         # checkpoint, and the resumed launch's records replace this one (report.read_log)
                         logger.log(dict(type="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
                                         best_val_loss=best_val_loss, best=improved))
-                        launch.check_evaluation(iter_num, losses, best_val_loss, raw_model, optimizer)
+                        launch.check_evaluation(iter_num, losses, best_val_loss)
                         if improved:  # best.pt before ckpt.pt: the latest state never claims a newer best.pt
                             launch.save(best_path, checkpoint.model_state(config, model_args, raw_model, iter_num,
                                                                           best_val_loss, launch.data_identity))
@@ -275,6 +275,7 @@ class Logger:
             import wandb  # the launch's checks made sure it is installed
             wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
             self.wandb = wandb
+        checkpoint.end_line(self.path)  # after a launch killed mid-record, this launch's records start a line
         self.log(dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
                       world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
                       init_from=config["init_from"], config=config, model_args=model_args, data=data_identity))

@@ -168,17 +168,20 @@ def append_record(path, record):
     record = dict(finite_only(record, "", nonfinite), time=time.time())
     if nonfinite:
         record["nonfinite"] = nonfinite
-    if os.path.isfile(path) and os.path.getsize(path):  # a launch killed mid-record left a partial line
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            partial = f.read(1) != b"\n"
-    else:
-        partial = False
     try:
         with open(path, "a") as f:
-            f.write("\n" * partial + json.dumps(record, allow_nan=False) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
     except OSError as e:
         raise UserError(write_problem(path, e)) from None
+
+
+def end_line(path):
+    """A launch killed mid-record leaves a partial last line: the next records start a new one."""
+    if os.path.isfile(path) and os.path.getsize(path):
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
 
 
 def finite_only(value, name, nonfinite):

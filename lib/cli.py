@@ -142,11 +142,16 @@ def leave_a_closed_terminal():
             termios.tcgetattr(stream)  # works on an open terminal, fails with ENOTTY on a file or a pipe
         except termios.error as e:
             if e.args[0] == errno.EIO:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, stream.fileno())
-                os.close(devnull)
+                to_devnull(stream)
         except (OSError, ValueError):  # no file descriptor at all (output captured in memory)
             pass
+
+
+def to_devnull(stream):
+    """What is written to stream from now on, and what it still buffers, goes to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 class quiet_when_closed:
@@ -171,9 +176,7 @@ class quiet_when_closed:
         try:
             return method(*args)
         except BrokenPipeError:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())  # the buffered rest, and all that follows, go nowhere
-            os.close(devnull)
+            to_devnull(self.stream)
             if not self.closed:
                 self.closed = True
                 self.on_close()
@@ -217,9 +220,7 @@ def main(entry):
                 print(e, file=sys.stderr)
             return 128 + e.signum
         except BrokenPipeError:  # `python sample.py ... | head`: the reader has what it wanted
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
-            os.close(devnull)
+            to_devnull(sys.stdout)
             return 128 + signal.SIGPIPE
         finally:
             for signum, handler in previous.items():

@@ -56,6 +56,7 @@ class Launch:
         self.under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal's acknowledgement says
         self.first_val_loss = None  # the run's first evaluation's, the untrained model's
         self.diverging = False  # the last evaluation's state was too far above the best to save
+        self.evaluated = (None, None)  # (iteration, val loss) of the last evaluation
 
     def __enter__(self):
         self.rank, self.world_size, self.device = setup_distributed(self.config)
@@ -72,7 +73,7 @@ class Launch:
             acknowledge = self.acknowledge if self.master else None
             self.stop = cli.StopRequests(acknowledge, passed_on=self.ddp, exit_within_s=10.0 if self.as_script else None)
             self.stop.__enter__()
-            self.pipe = cli.quiet_when_closed(on_close=lambda: self.stop.request(signal.SIGPIPE, None))
+            self.pipe = cli.quiet_when_closed(on_close=self.pipe_closed)
             self.pipe.__enter__()
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -95,6 +96,12 @@ class Launch:
         if out_of_memory:
             raise UserError(out_of_memory_advice(self.config, self.under_way)) from None
         return False
+
+    def pipe_closed(self):
+        """stdout's reader went away: a stop, as after a SIGPIPE, unless one is already under way
+        (a Ctrl-C in a pipeline reaches the reader too), which it must not turn into a stop at once."""
+        if self.stop.signum is None:
+            self.stop.request(signal.SIGPIPE, None)
 
     @contextlib.contextmanager
     def rank0_decides(self):
@@ -129,12 +136,8 @@ class Launch:
                     changed = changed_settings(saved, self.config)
                     if changed:
                         print(f"resumed with settings that differ from the checkpoint's: {changed}")
-        self.last_good, iter_num = (saved["iter_num"], None), saved["iter_num"]
-        evaluation_due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
-        if not evaluation_due or saved["last_eval_iter"] == iter_num:
-            self.under_way = f"iteration {iter_num + 1}"
-        else:
-            self.under_way = f"the evaluation at iteration {iter_num}"
+        self.last_good = (saved["iter_num"], None)
+        self.under_way = self.upcoming(saved["iter_num"], evaluated=saved["last_eval_iter"] == saved["iter_num"])
         self.first_val_loss = saved.get("first_val_loss")
         return saved
 
@@ -168,17 +171,15 @@ class Launch:
                             f"trained on the data this run started with — resume it on that data, or with "
                             f"--new_data=True")
 
-    def check_evaluation(self, iter_num, losses, best_val_loss, model, optimizer):
-        """Before the state of an evaluation is saved: non-finite losses or values stop the run; a val
-        loss above the run's first evaluation's (the untrained model's) gets a warning. A val loss
-        DIVERGED_NATS or more above the best marks the run as diverging (launch.diverging): ckpt.pt
-        then keeps the last state a resume can continue from, and a warning says so."""
+    def check_evaluation(self, iter_num, losses, best_val_loss):
+        """Before the state of an evaluation is saved: non-finite losses stop the run (a non-finite
+        weight, save); a val loss above the run's first evaluation's (the untrained model's) gets a
+        warning. A val loss DIVERGED_NATS or more above the best marks the run as diverging
+        (launch.diverging): ckpt.pt then keeps the last state a resume can continue from, and a
+        warning says so."""
         if not all(math.isfinite(loss) for loss in losses.values()):
             self.diverged(f"non-finite losses at the evaluation of iteration {iter_num} (train {losses['train']}, "
                           f"val {losses['val']})")
-        bad = nonfinite_tensors(dict(model=model.state_dict(), optimizer=optimizer.state_dict()))
-        if bad:
-            self.diverged(f"iteration {iter_num}: non-finite values in {bad[0]}")
         val_loss = losses["val"]
         if self.first_val_loss is None:
             self.first_val_loss = val_loss
@@ -191,7 +192,8 @@ class Launch:
                   f"{DIVERGED_NATS:g} or more above the run's best, {best_val_loss:.4f}; it keeps "
                   f"{good_state(*self.last_good)}, the state to resume with a lower learning rate", file=sys.stderr)
         else:
-            self.last_good, self.diverging = (iter_num, val_loss), False
+            self.diverging = False
+        self.evaluated = (iter_num, val_loss)  # ckpt.pt's val loss, once save has written it
 
     def diverged(self, what):
         """Stops a run that diverged: what was not finite, which saved state to resume, and the command
@@ -206,13 +208,15 @@ class Launch:
         raise UserError(f"{what}: stopped, nothing non-finite was saved; {where}")
 
     def save(self, path, state):
-        """checkpoint.save_checkpoint, refused for a state holding a non-finite value: the previous
-        file is kept."""
+        """checkpoint.save_checkpoint, for a state without a non-finite weight or optimizer value:
+        otherwise the run stops as a diverged one, and the previous file is kept."""
         bad = nonfinite_tensors(state)
         if bad:
-            raise UserError(f"not saving {path}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold non-finite "
-                            f"values; the previous {os.path.basename(path)} is kept")
+            self.diverged(f"iteration {state['iter_num']}: non-finite values in {bad[0]}")
         checkpoint.save_checkpoint(path, state)
+        if path == self.ckpt_path:  # the state a resume continues from, with its val loss if evaluated
+            iteration, val_loss = self.evaluated
+            self.last_good = (state["iter_num"], val_loss if iteration == state["iter_num"] else None)
 
     # ----------------------------------------------------------------------------------
     # signals
@@ -225,10 +229,8 @@ class Launch:
         """After a signal to any process, every process stops here, after the same step: save() (on
         every process; None when the state was just saved) writes ckpt.pt, then cli.Stopped ends the
         run with the command that continues it."""
-        # what comes next, an evaluation or a step: a signal from the moment signum is read stops after it
-        due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
-        upcoming = f"the evaluation at iteration {iter_num}" if save and due else f"iteration {iter_num + 1}"
-        signum, self.under_way = self.stop.signum, upcoming
+        # what comes next: a signal from the moment signum is read stops after it
+        signum, self.under_way = self.stop.signum, self.upcoming(iter_num, evaluated=save is None)
         if self.ddp:
             flag = torch.tensor([signum or 0], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -245,6 +247,11 @@ class Launch:
             note = (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: {saved}; "
                     f"continue with: {rerun_command(self.world_size, init_from='resume')}")
         raise cli.Stopped(signum, note)
+
+    def upcoming(self, iter_num, evaluated):
+        """What a run at iter_num does next: the evaluation due there, if not made yet, or the next step."""
+        due = iter_num % self.config["eval_interval"] == 0 or iter_num == self.config["max_iters"]
+        return f"the evaluation at iteration {iter_num}" if due and not evaluated else f"iteration {iter_num + 1}"
 
     def gather_rng_states(self, batch_generator):
         """Every rank's random states (checkpoint.get_rng_state), on every rank, for ckpt.pt."""

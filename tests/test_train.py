@@ -725,6 +725,26 @@ def test_a_non_finite_evaluation_saves_nothing_and_logs_null(data_dir, tmp_path,
     assert "non-finite" in capsys.readouterr().out.splitlines()[1]
 
 
+def test_a_non_finite_weight_is_never_saved(data_dir, tmp_path, monkeypatch, capsys):
+    # finite losses, but a weight gone NaN by the second evaluation: neither best.pt nor ckpt.pt takes it
+    estimate_loss, calls = train.estimate_loss, []
+
+    def poisoning(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = float("nan")
+        return dict(estimate_loss(model, *args, **kwargs), train=1.0, val=1.0 / len(calls))  # finite, and better
+
+    monkeypatch.setattr(train, "estimate_loss", poisoning)
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2)) == 1
+    err = last_error(capsys)
+    assert err.startswith("error: iteration 2: non-finite values in model/transformer.wte.weight: stopped, nothing "
+                          "non-finite was saved; ") and f"{tmp_path}/ckpt.pt (iteration 0, val loss 1.0000)" in err
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == load_checkpoint(tmp_path / "best.pt")["iter_num"] == 0
+    assert finite(tmp_path / "ckpt.pt") and finite(tmp_path / "best.pt")
+
+
 # --------------------------------------------------------------------------------------
 # signals: real ones, to real processes
 
