@@ -458,29 +458,35 @@ def run_prepare(argv):
     return json.loads(child.stdout.splitlines()[-1])
 
 
-def tiktoken_seconds(batches, num_threads):
+def tiktoken_seconds(batches, num_threads, arrays=False):
     """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an <|endoftext|>
-    counted per document; each batch's tokens are dropped as the next is encoded, as prepare drops them."""
-    import tiktoken
+    counted per document; each batch's tokens are dropped as the next is encoded, as prepare drops them.
+    arrays: the encoder prepare uses instead, encode_to_numpy mapped over each batch on a pool of as many threads."""
+    import concurrent.futures, functools, tiktoken  # noqa: E401 (this mode's own)
     encoding = tiktoken.get_encoding("gpt2")
+    encode = functools.partial(encoding.encode_to_numpy, disallowed_special=())
     t0 = time.perf_counter()
-    tokens = sum(len(ids) + 1 for batch in batches for ids in encoding.encode_ordinary_batch(batch, num_threads=num_threads))
+    with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
+        batch_encode = ((lambda batch: pool.map(encode, batch)) if arrays
+                        else functools.partial(encoding.encode_ordinary_batch, num_threads=num_threads))
+        tokens = sum(len(ids) + 1 for batch in batches for ids in batch_encode(batch))
     return time.perf_counter() - t0, tokens
 
 
 def bench_prepare(argv):
-    """python bench.py --prepare [--mb 50] [--num_proc N] [--rounds 3] [--memory_at 4]: prepare_wikipedia.py
+    """python bench.py --prepare [--mb 50] [--num_proc N] [--rounds 5] [--memory_at 4]: prepare_wikipedia.py
     on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it, run in a child process. Its
     tokens per second are set beside tiktoken's own encode_ordinary_batch on the same documents, in the
     same batches, with the same threads, timed before and after each of --rounds runs of prepare: the
-    ratio to their mean holds on a busy machine where the speeds wander. Its peak memory (RSS) is measured
+    ratio to their mean holds on a busy machine where the speeds wander. It is set beside prepare's own
+    encoder (encode_to_numpy on a thread pool) too, timed just after. Its peak memory (RSS) is measured
     on that corpus and on one --memory_at times larger."""
     import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
     import prepare_wikipedia
     parser = argparse.ArgumentParser(prog="bench.py --prepare")
     parser.add_argument("--mb", type=float, default=50, help="the corpus, in millions of characters")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of prepare, each between two of tiktoken")
+    parser.add_argument("--rounds", type=int, default=5, help="runs of prepare, each between two of tiktoken")
     parser.add_argument("--memory_at", default="4", help="larger corpora whose peak memory is measured, in --mb")
     args = parser.parse_args(argv)
     print(f"prepare_wikipedia.py, {args.num_proc} tokenizer threads; load average {os.getloadavg()[0]:.1f} "
@@ -498,25 +504,29 @@ def bench_prepare(argv):
     try:
         write_corpus(val, args.mb * 1e6 / 50, seed=1)
         write_corpus(corpus, args.mb * 1e6)
-        batches = []  # the documents, in prepare's batches: of about BATCH_CHARS characters, per split
+        batches = []  # the documents in batches of about READ_AHEAD_CHARS characters, as many as prepare has in flight
         for path in (corpus, val):
             batches.append([])
             for doc in prepare_wikipedia.file_documents([path]):
-                if sum(map(len, batches[-1])) >= prepare_wikipedia.BATCH_CHARS:
+                if sum(map(len, batches[-1])) >= prepare_wikipedia.READ_AHEAD_CHARS:
                     batches.append([])
                 batches[-1].append(doc)
         before, tokens = tiktoken_seconds(batches, args.num_proc)
-        runs, ratios = [], []
+        runs, ratios, of_encoder = [], [], []
         for _ in range(args.rounds):  # tiktoken, prepare, tiktoken, prepare, ..., tiktoken
             runs.append(run_prepare(prepare_argv))
             after, _ = tiktoken_seconds(batches, args.num_proc)
-            assert runs[-1]["tokens"] == tokens, "prepare and tiktoken tokenized different text"
+            encoder, encoder_tokens = tiktoken_seconds(batches, args.num_proc, arrays=True)
+            assert runs[-1]["tokens"] == tokens == encoder_tokens, "prepare and tiktoken tokenized different text"
             tiktoken_s = (before + after) / 2  # tiktoken's time around prepare's: a load that drifts cancels out
             ratios.append(tiktoken_s / runs[-1]["seconds"])
+            of_encoder.append(encoder / runs[-1]["seconds"])
             print(f"{tokens / 1e6:.1f}M tokens: tiktoken {tokens / tiktoken_s / 1e6:.2f}M tokens/s, prepare "
-                  f"{tokens / runs[-1]['seconds'] / 1e6:.2f}M tokens/s: ratio {ratios[-1]:.2f}")
+                  f"{tokens / runs[-1]['seconds'] / 1e6:.2f}M tokens/s: ratio {ratios[-1]:.2f}; prepare's encoder "
+                  f"alone {tokens / encoder / 1e6:.2f}M tokens/s, prepare keeps {of_encoder[-1]:.2f} of it")
             before = after
-        print(f"ratio, median of {args.rounds}: {statistics.median(ratios):.2f} (goal: 0.85 or more)")
+        print(f"ratio, median of {args.rounds}: {statistics.median(ratios):.2f} (goal: 0.85 or more; from "
+              f"{min(ratios):.2f} to {max(ratios):.2f}); of prepare's own encoder: {statistics.median(of_encoder):.2f}")
         del batches
         report_memory(runs, 1)
         for scale in [float(scale) for scale in args.memory_at.split(",") if scale]:

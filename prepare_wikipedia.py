@@ -16,10 +16,10 @@ splits, how the files are written, and how to work offline (tiktoken's GPT-2 fil
 """
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
-import hashlib
 import io
 import itertools
 import json
@@ -66,7 +66,7 @@ DATASETS = {
 DEFAULT_DATASET = "wikitext103"
 HEADING = re.compile(r"\s*= [^=].* =\s*")  # fullmatch: " = Title = " yes, " = = Section = = " no
 MAX_DOC_CHARS = 1_000_000  # bounds memory on text without headings
-BATCH_CHARS = 1_000_000  # characters per call of tiktoken: memory holds one batch, whatever the size of the text
+READ_AHEAD_CHARS = 1_000_000  # characters read ahead of the tokens written: all memory holds, whatever the text
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a complete set
 NOTHING_REPLACED = "no output written under the final names"  # what an interrupted or failed run leaves
 WRITEUP_TRAIN_TOKENS = 38_276_830  # the write-ups' training text, in GPT-2 tokens
@@ -80,24 +80,13 @@ MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 # --------------------------------------------------------------------------- documents
 
 def text_lines(f, name):
-    """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r -> \\n); line
-    by line, so a bad byte's offset comes without a second pass. A NUL is bad too: binary files hold them."""
-    offset = 0  # bytes of f before this line
-    for raw in f:
-        bad = raw.find(b"\0")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad = e.start if bad < 0 else min(bad, e.start)
-        if bad >= 0 and raw[bad] == 0:
-            raise cli.UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
-                                "HINT: give text files only; if it is text, convert it to UTF-8 first")
-        if bad >= 0:
-            raise cli.UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{raw[bad]:02x}) is not UTF-8; "
-                                "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
-                                "for Latin-1 text, or leave it out")
-        yield from io.StringIO(line, newline=None) if "\r" in line else [line]  # splits at a lone \r too
-        offset += len(raw)
+    """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r -> \\n), a
+    quarter MB of whole lines read at a time; a byte that is not UTF-8 text (a NUL too) is refused with its offset."""
+    offset = 0  # bytes of f before this block
+    while lines := f.readlines(2**18):
+        block = b"".join(lines)
+        yield from io.StringIO(data.utf8_text(block, offset, name), newline=None)  # splits at a lone \r too
+        offset += len(block)
 
 
 def read_documents(lines):
@@ -165,47 +154,73 @@ def detokenize(text):
 
 # --------------------------------------------------------------------------- tokenize and write
 
+def groups(docs, detokenize_first, group_chars):
+    """The documents (detokenized if asked) in lists of about group_chars characters: one task of a tokenizer
+    thread each, for fewer hand-overs between threads than a task per document."""
+    group, size = [], 0
+    for doc in docs:
+        group.append(detokenize(doc) if detokenize_first else doc)
+        size += len(group[-1])
+        if size >= group_chars:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
 def encoded_documents(docs, num_threads, detokenize_first):
     """(tokens, chars, bytes) of each document, in order, its tokens ending with <|endoftext|>. tiktoken encodes
-    about BATCH_CHARS characters at a time on num_threads threads (its Rust encoder releases the GIL)."""
-    enc = tiktoken.get_encoding("gpt2")  # 50,257 token ids: they fit in uint16 (np.fromiter refuses any other)
-    batch, size = [], 0
-    for doc in itertools.chain(docs, [None]):  # None: the end, which sends the last batch
-        if doc is not None:
-            batch.append(detokenize(doc) if detokenize_first else doc)
-            size += len(batch[-1])
-        if batch and (doc is None or size >= BATCH_CHARS):
-            for text, tokens in zip(batch, enc.encode_ordinary_batch(batch, num_threads=num_threads)):
-                tokens.append(enc.eot_token)
-                yield np.fromiter(tokens, np.uint16, len(tokens)), len(text), len(text.encode("utf-8"))
-            batch, size = [], 0
+    them on num_threads threads (its Rust encoder releases the GIL) while this thread reads the documents ahead,
+    up to READ_AHEAD_CHARS characters, and writes those behind."""
+    enc = tiktoken.get_encoding("gpt2")
+    assert enc.max_token_value < 2**16  # 50,257 token ids: uint16 holds them
+    eot = np.array([enc.eot_token])
+
+    def encode(texts):  # on a tokenizer thread; encode_to_numpy, with no special token allowed or refused, gives
+        # encode_ordinary's ids as an array, not a Python int per token to convert back: a fifth less time
+        return [np.concatenate((enc.encode_to_numpy(text, disallowed_special=()), eot), dtype=np.uint16,
+                               casting="unsafe") for text in texts]
+
+    pool, in_flight, chars = concurrent.futures.ThreadPoolExecutor(num_threads), collections.deque(), 0
+    try:  # in_flight: (texts, their tokens to come), oldest first; 4 groups a thread, so each has the next at hand
+        for texts in itertools.chain(groups(docs, detokenize_first, READ_AHEAD_CHARS // (4 * num_threads)), [None]):
+            if texts is not None:  # None: the end, which empties in_flight
+                in_flight.append((texts, pool.submit(encode, texts)))
+                chars += sum(map(len, texts))
+            while in_flight and (texts is None or chars >= READ_AHEAD_CHARS):
+                done, tokens = in_flight.popleft()
+                chars -= sum(map(len, done))
+                for text, ids in zip(done, tokens.result()):
+                    yield ids, len(text), len(text.encode())
+    finally:  # at the end, or as the run stops: the groups not yet begun are dropped
+        pool.shutdown(cancel_futures=True)
 
 
 def write_split(encoded, path, name, tokens_asked=None):
-    """Stream encoded documents into path, hashing them as they go; return (stats, left over). With tokens_asked
-    it stops at the document boundary nearest that count (at least one document): a document that would
-    overshoot by more than stopping before it undershoots is left over, returned unwritten."""
+    """Stream encoded documents into path; return (stats, left over). With tokens_asked it stops at the document
+    boundary nearest that count (at least one document): a document that would overshoot by more than stopping
+    before it undershoots is left over, returned unwritten."""
     stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
-    sha, left_over = hashlib.sha256(), []
-    with cli.writing(path, after_failure=NOTHING_REPLACED), open(path, "wb") as f, cli.Progress() as progress:
-        for tokens, n_chars, n_bytes in encoded:
-            if tokens_asked and stats["documents"]:
-                undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
-                if stats["tokens"] + len(tokens) - tokens_asked > undershoot:
-                    left_over.append((tokens, n_chars, n_bytes))
+    left_over = []
+    with cli.writing(path, after_failure=NOTHING_REPLACED):
+        with open(path, "wb") as f, cli.Progress() as progress:
+            for tokens, n_chars, n_bytes in encoded:
+                if tokens_asked and stats["documents"]:
+                    undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
+                    if stats["tokens"] + len(tokens) - tokens_asked > undershoot:
+                        left_over.append((tokens, n_chars, n_bytes))
+                        break
+                f.write(tokens)
+                stats.update(tokens=stats["tokens"] + len(tokens), documents=stats["documents"] + 1,
+                             chars=stats["chars"] + n_chars, bytes=stats["bytes"] + n_bytes,
+                             max_token_id=max(stats["max_token_id"], int(tokens.max())))
+                mb, of_asked = stats["bytes"] / 1e6, f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
+                progress.show(f"{name}: {mb:.1f} MB of text, {stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
+                              f"{mb / max(time.time() - progress.t0, 1e-9):.1f} MB/s")
+                if tokens_asked and stats["tokens"] >= tokens_asked:
                     break
-            buffer = tokens.tobytes()
-            f.write(buffer)
-            sha.update(buffer)
-            stats.update(tokens=stats["tokens"] + len(tokens), documents=stats["documents"] + 1,
-                         chars=stats["chars"] + n_chars, bytes=stats["bytes"] + n_bytes,
-                         max_token_id=max(stats["max_token_id"], int(tokens.max())))
-            mb, of_asked = stats["bytes"] / 1e6, f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
-            progress.show(f"{name}: {mb:.1f} MB of text, {stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
-                          f"{mb / max(time.time() - progress.t0, 1e-9):.1f} MB/s")
-            if tokens_asked and stats["tokens"] >= tokens_asked:
-                break
-    return {**stats, "sha256": sha.hexdigest()}, left_over
+        stats["sha256"] = data.sha256_of(path)  # of the bytes on disk, read back
+    return stats, left_over
 
 
 def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first, train_tokens, val_tokens):
@@ -226,20 +241,6 @@ def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first, tra
         print(f"warning: the text ran out: val has {val['tokens']:,} of the {val_tokens:,} tokens asked "
               f"(train has {train['tokens']:,} of {train_tokens:,})", file=sys.stderr)
     return {"train": train, "val": val}
-
-
-def lock_out_dir(out_dir):
-    """Hold out_dir's data lock exclusively while this run writes there, so that neither a run that trains
-    from the folder nor a second preparation sees its files change under it."""
-    if lock := data.lock_data_dir(out_dir, shared=False):
-        return lock
-    if reader := data.lock_data_dir(out_dir, shared=True):  # shared holders are runs, an exclusive one a preparation
-        reader.close()
-        raise cli.UserError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, data.DATA_LOCK)}), "
-                            "so its files cannot change now; HINT: wait for the run to end, or prepare into another "
-                            "--out_dir")
-    raise cli.UserError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
-                        "or pass another --out_dir")
 
 
 def prepare(train_docs, val_docs, args, source, t0):
@@ -429,7 +430,7 @@ def prepare_data(argv):
         with cli.writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
             os.makedirs(args.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.out_dir).close()
-            lock = lock_out_dir(args.out_dir)
+            lock = data.hold_for_writing(args.out_dir)
         with lock:
             return run(args)
     except (KeyboardInterrupt, cli.Stopped) as e:  # Ctrl-C, or a SIGTERM that cli.main made an exception

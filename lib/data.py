@@ -136,6 +136,20 @@ def hold_for_reading(data_dir):
     return lock
 
 
+def hold_for_writing(out_dir):
+    """prepare_wikipedia.py's exclusive lock on out_dir (lock_data_dir) while it writes there, so that neither
+    a run that trains from the folder nor a second preparation sees its files change under it."""
+    if lock := lock_data_dir(out_dir, shared=False):
+        return lock
+    if reader := lock_data_dir(out_dir, shared=True):  # shared holders are runs, an exclusive one a preparation
+        reader.close()
+        raise UserError(f"a run is training from {out_dir} (it holds {os.path.join(out_dir, DATA_LOCK)}), "
+                        "so its files cannot change now; HINT: wait for the run to end, or prepare into another "
+                        "--out_dir")
+    raise UserError(f"{out_dir} is in use by another prepare_wikipedia.py; HINT: wait for it to end, "
+                    "or pass another --out_dir")
+
+
 def check_format(path):
     """Refuse a .bin that holds something other than uint16 token ids, read from its start:
     int32 or int64 ids (of a vocabulary below 65,536, their upper halves are zeros) or text.
@@ -154,6 +168,24 @@ def check_format(path):
         raise UserError(f"{path} does not hold uint16 token ids: it looks like {found}. Prepare text with "
                         f"`python prepare_wikipedia.py --input FILE --out_dir DIR`, or write your ids as uint16 "
                         f"(np.array(ids, dtype=np.uint16).tofile(path))")
+
+
+def utf8_text(block, offset, name):
+    """block, bytes of the file name from byte offset on, decoded as UTF-8; a UserError naming the first byte
+    that is not UTF-8 text. A NUL is refused too: binary files hold them."""
+    bad = block.find(b"\0")
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = e.start if bad < 0 else min(bad, e.start)
+    if bad >= 0 and block[bad] == 0:
+        raise UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} is a NUL, as in binary files; "
+                        "HINT: give text files only; if it is text, convert it to UTF-8 first")
+    if bad >= 0:
+        raise UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} (0x{block[bad]:02x}) is not UTF-8; "
+                        "HINT: convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.txt` "
+                        "for Latin-1 text, or leave it out")
+    return text
 
 
 def is_utf8(head):

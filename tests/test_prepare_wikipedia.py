@@ -3,8 +3,8 @@ Tests for prepare_wikipedia.py, and only for it: what belongs here is anything t
 from reading text to the files it leaves in --out_dir. Fixtures that other test files need too go
 to conftest.py; tests of train.py's side of the data (data.py) go to that module's test file.
 
-Covered: documents and splits on local text, tokens identical to tiktoken's own, one batch of text
-held at a time, the --max_chars cap, the write-ups' split (cut at the nearest document boundary), the
+Covered: documents and splits on local text, tokens identical to tiktoken's own, a bounded stretch of
+text in flight, the --max_chars cap, the write-ups' split (cut at the nearest document boundary), the
 WikiText detokenizer, refusing binary input, the download against local HTTP servers (resume, a
 connection cut half-way, servers that ignore Range, a busy server's Retry-After, redirects, fallback
 URLs, bad zips, sha256 checks and pins, caches reused only for their own source, errors that are and
@@ -125,7 +125,7 @@ def test_input_round_trip(tmp_path, val_fraction, n_val):
 
 
 def test_parallel_matches_serial(tmp_path, monkeypatch):
-    monkeypatch.setattr(pw, "BATCH_CHARS", 150)  # several batches, so the pool's ordering matters
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 150)  # a few documents in flight, so the pool's ordering matters
     paths = write_files(tmp_path, [ARTICLES])
     for num_proc in ("1", "2"):
         pw.prepare_data(["--input", *paths, "--out_dir", str(tmp_path / num_proc), "--num_proc", num_proc])
@@ -135,7 +135,7 @@ def test_parallel_matches_serial(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
 def test_tokens_are_tiktokens_own(tmp_path, monkeypatch, num_proc):
-    monkeypatch.setattr(pw, "BATCH_CHARS", 300)  # several batches of several documents each
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 300)  # several documents in flight at a time
     docs = ARTICLES + [" = Ünïcödé 日本語 = \n \n an emoji 🎉 , a tab\there and  two  spaces <|endoftext|> . \n \n"]
     *paths, val = write_files(tmp_path, [docs[:4], docs[4:7], docs[7:]])
     out = tmp_path / "out"
@@ -145,30 +145,42 @@ def test_tokens_are_tiktokens_own(tmp_path, monkeypatch, num_proc):
         assert np.fromfile(out / f"{split}.bin", dtype=np.uint16).tolist() == expected
 
 
-def test_the_text_is_tokenized_one_batch_at_a_time(monkeypatch):
-    # memory holds one batch of documents and its tokens, whatever the size of the text
-    monkeypatch.setattr(pw, "BATCH_CHARS", 1000)
-    texts, read, batches = [article(i) for i in range(60)], [], []
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_the_text_is_read_a_bounded_way_ahead_of_the_tokens_written(monkeypatch, num_threads):
+    # memory holds about READ_AHEAD_CHARS characters of documents in flight, whatever the size of the text;
+    # reading runs that far ahead, so that the tokenizer's threads have work while those before are written
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 4000)
+    texts, read, encoded, ahead = [article(i) for i in range(120)], [], [], []
 
     def documents():  # notes how far the text has been read
         for text in texts:
             read.append(text)
             yield text
 
-    real_encode = ENC.encode_ordinary_batch
+    real_encode, calls = ENC.encode_to_numpy, []
 
-    def encode(batch, **kwargs):
-        batches.append((list(batch), len(read)))
-        return real_encode(batch, **kwargs)
+    def encode(text, **kwargs):
+        calls.append(text)
+        return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_ordinary_batch", encode)
-    encoded = list(pw.encoded_documents(documents(), num_threads=2, detokenize_first=False))
-    assert [doc for batch, _ in batches for doc in batch] == texts and len(batches) > 5
-    for i, (batch, read_then) in enumerate(batches):
-        assert sum(map(len, batch[:-1])) < 1000  # its last document took it to BATCH_CHARS
-        assert read_then == sum(len(b) for b, _ in batches[:i + 1])  # nothing read ahead of the batch
-    assert [tokens.tolist() for tokens, _, _ in encoded] == [ENC.encode_ordinary(t) + [ENC.eot_token] for t in texts]
-    assert [(chars, n_bytes) for _, chars, n_bytes in encoded] == [(len(t), len(t.encode())) for t in texts]
+    monkeypatch.setattr(ENC, "encode_to_numpy", encode)
+    for i, (tokens, chars, n_bytes) in enumerate(pw.encoded_documents(documents(), num_threads, False)):
+        encoded.append((tokens.tolist(), chars, n_bytes))
+        ahead.append(sum(map(len, texts[i:len(read)])))  # read, not yet written: the one written now among them
+    group = 4000 // (4 * num_threads) + max(map(len, texts))  # the last group read, at most
+    assert max(ahead) < 4000 + group and max(ahead) >= 4000  # bounded, and reaching the bound
+    assert sorted(calls) == sorted(texts) and len(calls) == len(texts)  # each document encoded once
+    assert encoded == [(ENC.encode_ordinary(t) + [ENC.eot_token], len(t), len(t.encode())) for t in texts]
+
+
+def test_groups_of_documents():
+    texts = [article(i) for i in range(30)]
+    groups = list(pw.groups(iter(texts), detokenize_first=False, group_chars=1000))
+    assert [t for g in groups for t in g] == texts and len(groups) > 3
+    assert all(sum(map(len, g[:-1])) < 1000 <= sum(map(len, g)) for g in groups[:-1])  # the last one took it there
+    assert sum(map(len, groups[-1][:-1])) < 1000
+    one_each = list(pw.groups(iter(texts[:2]), detokenize_first=True, group_chars=0))
+    assert one_each == [[pw.detokenize(t)] for t in texts[:2]]
 
 
 def test_max_chars_caps_train_only(tmp_path):
@@ -214,6 +226,12 @@ def test_lines_read_as_text_mode_reads_them(tmp_path):
     with open(path, "rb") as f:
         assert list(pw.text_lines(f, str(path))) == expected == [
             "unix\n", "windows\n", "old mac\n", "café\n", "no newline at the end"]
+    # over many blocks of a quarter MB, where a \r\n may fall at a block's end
+    path.write_bytes(b"".join(b"line %d\r\n" % i + b"x" * (i % 97) + b"\r" + "é\n".encode() for i in range(60_000)))
+    with open(path, encoding="utf-8") as f:
+        expected = list(f)
+    with open(path, "rb") as f:
+        assert list(pw.text_lines(f, str(path))) == expected and len(expected) == 180_000
 
 
 def test_document_boundaries(monkeypatch):
@@ -343,7 +361,7 @@ def token_counts(docs, detokenized=True):
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
 def test_writeup_split(tmp_path, monkeypatch, num_proc):
-    monkeypatch.setattr(pw, "BATCH_CHARS", 150)  # several batches, so the cut falls inside one
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 150)  # the cut falls among documents in flight
     paths = write_files(tmp_path, [[" \n"] + ARTICLES[:3], ARTICLES[3:]])  # documents run on across files
     counts = token_counts(ARTICLES)
     totals = np.cumsum(counts)
@@ -464,8 +482,8 @@ def test_input_that_is_not_utf8_text_is_refused(tmp_path, bad_bytes, what, num_p
 
 def test_bad_byte_offset_counts_earlier_lines(tmp_path):
     path = tmp_path / "x.txt"
-    path.write_bytes("é\n".encode("utf-8") * 1000 + b"ok\x80\n")  # 3 bytes a line before it
-    with open(path, "rb") as f, pytest.raises(cli.UserError, match="byte 3,002 \\(0x80\\) is not UTF-8"):
+    path.write_bytes("é\n".encode("utf-8") * 400_000 + b"ok\x80\n")  # 3 bytes a line: 1.2 MB, blocks later
+    with open(path, "rb") as f, pytest.raises(cli.UserError, match="byte 1,200,002 \\(0x80\\) is not UTF-8"):
         list(pw.text_lines(f, str(path)))
 
 
@@ -564,16 +582,16 @@ def test_a_folder_a_run_reads_is_not_written(tmp_path):
 
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
 def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
-    monkeypatch.setattr(pw, "BATCH_CHARS", 1)  # one document per batch
-    real_encode, calls = ENC.encode_ordinary_batch, []
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 1)  # one document in flight at a time
+    real_encode, calls = ENC.encode_to_numpy, []
 
-    def failing_encode(docs, **kwargs):
-        calls.append(docs)
+    def failing_encode(text, **kwargs):
+        calls.append(text)
         if len(calls) == 4:
             raise crash("simulated crash mid-tokenization")
-        return real_encode(docs, **kwargs)
+        return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_ordinary_batch", failing_encode)  # tiktoken's one gpt2 Encoding, pw's too
+    monkeypatch.setattr(ENC, "encode_to_numpy", failing_encode)  # tiktoken's one gpt2 Encoding, pw's too
     paths = write_files(tmp_path, [ARTICLES])
     out = tmp_path / "out"
     argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
@@ -723,7 +741,7 @@ SLOW_RUN = """
 import signal, sys, time
 import prepare_wikipedia as pw
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever the test runner's
-pw.BATCH_CHARS = 1  # one document a batch: the tokenizer threads stay busy
+pw.READ_AHEAD_CHARS = 1  # one document in flight at a time
 real_read_documents = pw.read_documents
 
 def slow_read_documents(lines):  # a few ms a document: a run long enough to be stopped while it writes
@@ -759,23 +777,23 @@ def test_a_signal_while_tokenizing_stops_the_run_cleanly(tmp_path, monkeypatch):
     # the tokenizer's threads never see a signal (only the main thread does): one that arrives while they
     # work is raised in the main thread once it runs again, and the run stops as for any other signal
     out, earlier = earlier_set(tmp_path)
-    monkeypatch.setattr(pw, "BATCH_CHARS", 1)  # one document per batch
-    real_encode, calls = ENC.encode_ordinary_batch, []
+    monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 1)  # one document in flight at a time
+    real_encode, calls = ENC.encode_to_numpy, []
 
-    def encode_then_signal(docs, **kwargs):
-        calls.append(docs)
+    def encode_then_signal(text, **kwargs):
+        calls.append(text)
         if len(calls) == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # delivered while the threads tokenize
-        return real_encode(docs, **kwargs)
+        return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_ordinary_batch", encode_then_signal)
+    monkeypatch.setattr(ENC, "encode_to_numpy", encode_then_signal)
     paths = write_files(tmp_path, [ARTICLES])
     threads = threading.active_count()
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         status = pw.main(["--input", *paths, "--out_dir", str(out), "--num_proc", "2"])
     assert status == 143 and err.getvalue().splitlines()[-1] == "stopped by SIGTERM: no output written under the final names"
-    assert len(calls) == 3  # stopped at once: no batch tokenized after it
+    assert len(calls) == 3  # stopped at once: no document tokenized after it
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # no temporary file left
     assert {name: (out / name).read_bytes() for name in pw.OUTPUTS} == earlier
     assert threading.active_count() == threads  # no tokenizer thread left running
@@ -1302,5 +1320,8 @@ def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
     assert bench.main(["--prepare", "--mb", "0.3", "--rounds", "1", "--memory_at", ""]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"tokenizer threads; load average [\d.]+ on \d+ CPUs", printed)
-    assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+\n", printed)
+    assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+; prepare's "
+                     r"encoder alone [\d.]+M tokens/s, prepare keeps [\d.]+ of it\n", printed)
+    assert re.search(r"ratio, median of 1: ([\d.]+) \(goal: 0.85 or more; from \1 to \1\); of prepare's own "
+                     r"encoder: [\d.]+\n", printed)
     assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)

@@ -120,6 +120,14 @@ def test_the_reading_path_is_short():
     assert len(lines_of("configurator.py")) <= 120
 
 
+def test_prepare_is_short_and_hands_its_jobs_to_libraries():
+    lines = lines_of("prepare_wikipedia.py")
+    assert len(lines) <= 450, f"prepare_wikipedia.py is {len(lines)} lines"
+    code = "\n".join(lines)
+    # retries are urllib3's, tokenizer threads tiktoken's, signals cli.py's: no pool of processes, no loop of its own
+    assert not re.search(r"ProcessPoolExecutor|multiprocessing|signal\.signal|time\.sleep|RETRY_WAIT|hashlib", code)
+
+
 def test_the_top_level_shows_the_design():
     entries = {name.split("/")[0] for name in tracked_files() if not name.startswith(".")}
     assert len(entries) <= 22, sorted(entries)
