@@ -195,7 +195,8 @@ def fetch_zip(urls, path, expected, attempts, hint):
 
 
 def check_tokenizer():
-    """Load tiktoken's GPT-2 BPE files, which it downloads on first use; without them, one line on working offline."""
+    """Load tiktoken's GPT-2 BPE files, which it downloads on first use; without them, one line on working offline.
+    Refuse a tiktoken too old to give encode_ordinary's tokens as an array."""
     try:
         tiktoken.get_encoding("gpt2")
     except Exception as e:
@@ -204,6 +205,12 @@ def check_tokenizer():
                             f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set "
                             "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network "
                             "(see docs/data.md, Offline)")
+    encoding, special = tiktoken.get_encoding("gpt2"), "<|endoftext|>"  # in a text, ordinary characters
+    # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded a special token's text as the token itself
+    numpy_ok = hasattr(encoding, "encode_to_numpy")
+    if not numpy_ok or encoding.encode_to_numpy(special, disallowed_special=()).tolist() != encoding.encode_ordinary(special):
+        raise cli.UserError(f"tiktoken {tiktoken.__version__} is too old for prepare_wikipedia.py, which needs 0.11 or "
+                            "later; HINT: pip install -U 'tiktoken>=0.11'")
 
 
 def zip_source(args, datasets):

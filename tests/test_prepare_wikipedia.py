@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import zipfile
 
 import numpy as np
@@ -367,9 +368,10 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
     totals = np.cumsum(counts)
     train_tokens = int(totals[3]) + 2  # just past 4 documents: the boundary after the 4th is nearest
     val_tokens = counts[4] + counts[5] - 1  # just short of 2 documents
-    out = tmp_path / "out"
+    out, threads = tmp_path / "out", threading.active_count()
     meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
                     "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
+    assert threading.active_count() == threads  # the tokenizer's threads end with the run, though val stopped early
     assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
     assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
     assert meta["split"] == "writeup" and meta["detokenize"] is True and meta["max_chars"] is None
@@ -459,6 +461,20 @@ def test_a_tokenizer_that_cannot_load_is_one_short_error_line(tmp_path, monkeypa
     message = exit_message(["--input", text, "--out_dir", str(tmp_path / "out")])
     assert message.startswith("error: cannot load the GPT-2 tokenizer (ConnectionError); HINT:")
     assert "Max retries" not in message and "\n" not in message and "TIKTOKEN_CACHE_DIR" in message
+
+
+@pytest.mark.parametrize("tiktoken_of", ["0.8", "0.10"])
+def test_a_tiktoken_too_old_is_refused(tmp_path, monkeypatch, tiktoken_of):
+    old = types.SimpleNamespace(encode_ordinary=ENC.encode_ordinary)  # 0.8: no encode_to_numpy yet
+    if tiktoken_of == "0.10":  # encode_to_numpy, but a special token's text encoded as the token, unlike encode_ordinary
+        old.encode_to_numpy = lambda text, **kwargs: ENC.encode_to_numpy(text, allowed_special="all")
+    monkeypatch.setattr(fetch.tiktoken, "get_encoding", lambda name: old)
+    monkeypatch.setattr(fetch.tiktoken, "__version__", tiktoken_of)
+    text, = write_files(tmp_path, [ARTICLES[:5]])
+    message = exit_message(["--input", text, "--out_dir", str(tmp_path / "out")])
+    assert message == (f"error: tiktoken {tiktoken_of} is too old for prepare_wikipedia.py, which needs 0.11 or later; "
+                       "HINT: pip install -U 'tiktoken>=0.11'")
+    assert outputs(tmp_path / "out") == []
 
 
 # --------------------------------------------------------------------------- input that is not text
