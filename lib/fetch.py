@@ -207,8 +207,8 @@ def check_tokenizer():
                             "(see docs/data.md, Offline)")
     encoding, special = tiktoken.get_encoding("gpt2"), "<|endoftext|>"  # in a text, ordinary characters
     # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded a special token's text as the token itself
-    numpy_ok = hasattr(encoding, "encode_to_numpy")
-    if not numpy_ok or encoding.encode_to_numpy(special, disallowed_special=()).tolist() != encoding.encode_ordinary(special):
+    if (not hasattr(encoding, "encode_to_numpy")
+            or encoding.encode_to_numpy(special, disallowed_special=()).tolist() != encoding.encode_ordinary(special)):
         raise cli.UserError(f"tiktoken {tiktoken.__version__} is too old for prepare_wikipedia.py, which needs 0.11 or "
                             "later; HINT: pip install -U 'tiktoken>=0.11'")
 
