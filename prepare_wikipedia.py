@@ -179,10 +179,11 @@ def encoded_documents(docs, num_threads, detokenize_first):
     def encode(texts):  # on a tokenizer thread; encode_to_numpy, with no special token allowed or refused, gives
         # encode_ordinary's ids as an array, not a Python int per token to convert back: a fifth less time
         return [np.concatenate((enc.encode_to_numpy(text, disallowed_special=()), eot), dtype=np.uint16,
-                               casting="unsafe") for text in texts]
+                               casting="unsafe") for text in texts]  # uint32 to uint16: the ids fit, as asserted
 
-    pool, in_flight, chars = concurrent.futures.ThreadPoolExecutor(num_threads), collections.deque(), 0
-    try:  # in_flight: (texts, their tokens to come), oldest first; 4 groups a thread, so each has the next at hand
+    in_flight, chars = collections.deque(), 0  # (texts, their tokens to come), oldest first
+    pool = concurrent.futures.ThreadPoolExecutor(num_threads)
+    try:  # 4 groups a thread in flight: each thread has the next at hand while this one writes
         for texts in itertools.chain(groups(docs, detokenize_first, READ_AHEAD_CHARS // (4 * num_threads)), [None]):
             if texts is not None:  # None: the end, which empties in_flight
                 in_flight.append((texts, pool.submit(encode, texts)))
