@@ -465,11 +465,13 @@ def tiktoken_seconds(batches, num_threads, arrays=False):
     import concurrent.futures, functools, tiktoken  # noqa: E401 (this mode's own)
     encoding = tiktoken.get_encoding("gpt2")
     encode = functools.partial(encoding.encode_to_numpy, disallowed_special=())
-    t0 = time.perf_counter()
+    t0, tokens = time.perf_counter(), 0
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
-        batch_encode = ((lambda batch: pool.map(encode, batch)) if arrays
-                        else functools.partial(encoding.encode_ordinary_batch, num_threads=num_threads))
-        tokens = sum(len(ids) + 1 for batch in batches for ids in batch_encode(batch))
+        for batch in batches:
+            if arrays:
+                tokens += sum(len(ids) + 1 for ids in pool.map(encode, batch))
+            else:
+                tokens += sum(len(ids) + 1 for ids in encoding.encode_ordinary_batch(batch, num_threads=num_threads))
     return time.perf_counter() - t0, tokens
 
 

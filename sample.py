@@ -25,7 +25,7 @@ import torch
 
 import configurator
 from lib import cli, machine
-from lib.checkpoint import model_from_checkpoint, model_path
+from lib.checkpoint import check_which, model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
 from lib.guards import load_checkpoint
 from lib.settings import autocast_for
@@ -78,8 +78,7 @@ def check_settings(config):
     for key in ("num_samples", "max_new_tokens"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
-    if config["checkpoint"] not in ("best", "latest"):
-        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {config['checkpoint']!r}")
+    check_which(config["checkpoint"])
     machine.check_device(config["device"], config["dtype"])  # what train.py's settings check too
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import configurator
 from lib import cli
-from lib.checkpoint import model_from_checkpoint, model_path
+from lib.checkpoint import check_which, model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
 from lib.guards import load_checkpoint
 from sample import gpt2_tokenizer, read_prompt
@@ -404,8 +404,7 @@ def visualize(config, out_dirs):
     for key in ("grid", "dpi"):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
-    if config["checkpoint"] not in ("best", "latest"):
-        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {config['checkpoint']!r}")
+    check_which(config["checkpoint"])
     pyplot()  # before the slow part: without matplotlib, nothing to do
     ids, labels = token_ids(config)
     save_dir = config["save_dir"] or out_dirs[0]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lib import settings
-from lib.cli import UserError, write_atomically, write_problem
+from lib.cli import ConfigError, UserError, write_atomically, write_problem
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
@@ -78,11 +78,16 @@ def restore(saved, model, optimizer, scaler, batch_generator, rank):
     return saved["iter_num"], saved["best_val_loss"], saved["last_eval_iter"]
 
 
+def check_which(which):
+    """Refuse a --checkpoint setting other than 'best' or 'latest' (sample.py, visualize.py)."""
+    if which not in FILES:
+        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {which!r}")
+
+
 def model_path(out_dir, which="best"):
     """out_dir/best.pt ('best') or out_dir/ckpt.pt ('latest'). A run with no best.pt (one from
     before best.pt existed) gives its ckpt.pt, with a note."""
-    if which not in FILES:
-        raise UserError(f"checkpoint must be 'best' or 'latest', got {which!r}")
+    check_which(which)
     path, latest = os.path.join(out_dir, FILES[which]), os.path.join(out_dir, FILES["latest"])
     if which == "best" and not os.path.isfile(path) and os.path.isfile(latest):
         print(f"note: {out_dir} has no best.pt; using its latest state, {latest}")

@@ -198,14 +198,14 @@ def check_tokenizer():
     """Load tiktoken's GPT-2 BPE files, which it downloads on first use; without them, one line on working offline.
     Refuse a tiktoken too old to give encode_ordinary's tokens as an array."""
     try:
-        tiktoken.get_encoding("gpt2")
+        encoding = tiktoken.get_encoding("gpt2")
     except Exception as e:
         raise cli.UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken downloads its "
                             "files on first use and caches them in $TIKTOKEN_CACHE_DIR (default "
                             f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')}); offline, set "
                             "TIKTOKEN_CACHE_DIR to a cache filled on a machine with a network "
                             "(see docs/data.md, Offline)")
-    encoding, special = tiktoken.get_encoding("gpt2"), "<|endoftext|>"  # in a text, ordinary characters
+    special = "<|endoftext|>"  # in a text, ordinary characters
     # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded a special token's text as the token itself
     if (not hasattr(encoding, "encode_to_numpy")
             or encoding.encode_to_numpy(special, disallowed_special=()).tolist() != encoding.encode_ordinary(special)):

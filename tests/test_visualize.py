@@ -394,6 +394,7 @@ def test_one_layer_and_head(runs, tmp_path, capsys):
     ("--layer=first", "layer must be in 0..1 (out-base has 2 layers), got 'first'"),
     ("--grid=0", "grid must be at least 1"),
     ("--start=", "the prompt is empty"),
+    ("--checkpoint=final", "checkpoint must be 'best' or 'latest', got 'final'"),
 ])
 def test_bad_settings_are_one_line(runs, flag, message, capsys):
     assert visualize.main([f"--out_dir={runs['base']}", PROMPT, flag]) == 2
