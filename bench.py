@@ -41,6 +41,7 @@ first step's, AdamW's state included).
 """
 
 import collections
+import itertools
 import os
 import re
 import resource
@@ -98,7 +99,7 @@ def parse_args(argv):
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in BENCH_DEFAULTS]
     runs = []
     for path in paths or [None]:
-        config = settings.get_config(([path] if path else []) + train_flags, script_keys=BENCH_DEFAULTS)
+        config = train.get_config(([path] if path else []) + train_flags, script_keys=BENCH_DEFAULTS)
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise configurator.ConfigError("impl=flex needs --device=cuda: FlexAttention has no backward on a CPU")
@@ -169,7 +170,7 @@ def step(run):
     sync(run)
     t0 = time.perf_counter()
     # the gradients, unscaled and clipped as train.py clips them; its one sync per step included
-    train.forward_backward(run["step_model"], lambda split: (run["x"], run["y"]), run["micro_steps"],
+    train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])), run["micro_steps"],
                            run["autocast"], run["scaler"], ddp=False, optimizer=run["optimizer"],
                            grad_clip=run["config"]["grad_clip"])
     run["scaler"].step(run["optimizer"])

@@ -62,6 +62,7 @@ import torch
 from torch.nn import functional as F
 
 import configurator
+import train
 from lib import cli, settings
 from lib.cli import ConfigError, UserError
 
@@ -119,8 +120,8 @@ def parse_args(argv):
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
     check_least(check)
     # the config file alone (with the flags' model_type): what "original → checked" reports
-    original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
-    config = settings.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
+    original = train.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+    config = train.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
 
 

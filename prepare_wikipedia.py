@@ -35,7 +35,7 @@ import numpy as np
 import tiktoken
 
 import configurator
-from lib import cli, data, fetch
+from lib import cli, data, fetch, prepare_io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ def text_lines(f, name):
     offset = 0  # bytes of f before this block
     while lines := f.readlines(2**18):
         block = b"".join(lines)
-        yield from io.StringIO(data.utf8_text(block, offset, name), newline=None)  # splits at a lone \r too
+        yield from io.StringIO(prepare_io.utf8_text(block, offset, name), newline=None)  # splits at a lone \r too
         offset += len(block)
 
 
@@ -203,8 +203,8 @@ def write_split(encoded, path, name, tokens_asked=None):
     before it undershoots is left over, returned unwritten."""
     stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
     left_over = []
-    with cli.writing(path, after_failure=NOTHING_REPLACED):
-        with open(path, "wb") as f, cli.Progress() as progress:
+    with prepare_io.writing(path, after_failure=NOTHING_REPLACED):
+        with open(path, "wb") as f, prepare_io.Progress() as progress:
             for tokens, n_chars, n_bytes in encoded:
                 if tokens_asked and stats["documents"]:
                     undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
@@ -257,15 +257,15 @@ def prepare(train_docs, val_docs, args, source, t0):
                 "split": args.split, "detokenize": args.detokenize, "source": source,
                 "max_chars": args.max_chars, "passes_in_1.44B_tokens": round(passes, 2), **splits,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        with cli.writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
+        with prepare_io.writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         # meta.json goes first and comes back last, so its presence marks a complete set: a failure up
         # to here leaves an earlier set whole, one between the renames leaves a set without meta.json
-        with cli.writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
+        with prepare_io.writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
             os.remove(finals["meta.json"])
         incomplete = f"{args.out_dir} is left without meta.json, an incomplete set that the next run redoes"
         for name in OUTPUTS:
-            with cli.writing(finals[name], after_failure=incomplete):
+            with prepare_io.writing(finals[name], after_failure=incomplete):
                 os.replace(temps[name], finals[name])
     finally:
         for path in temps.values():
@@ -428,10 +428,10 @@ def prepare_data(argv):
     args = parser.parse_args(argv)
     try:
         check_settings(args)
-        with cli.writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
+        with prepare_io.writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
             os.makedirs(args.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.out_dir).close()
-            lock = data.hold_for_writing(args.out_dir)
+            lock = prepare_io.hold_for_writing(args.out_dir)
         with lock:
             return run(args)
     except (KeyboardInterrupt, cli.Stopped) as e:  # Ctrl-C, or a SIGTERM that cli.main made an exception

@@ -102,8 +102,8 @@ def loss_text(value):
 @functools.cache
 def writeup_configs():
     """{name: config} of config/<name>.py for every config in WRITEUP."""
-    from lib import settings  # imports torch and the models: seconds that --help and a bad argument need not wait
-    return {name: settings.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
+    import train  # imports torch and the models: seconds that --help and a bad argument need not wait
+    return {name: train.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
 
 
 def writeup_match(start):

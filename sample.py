@@ -9,8 +9,8 @@ Samples text from a model that train.py trained (any of the three; ckpt.pt names
 
 By default the model is out_dir/best.pt, the evaluation with the lowest val loss; a run
 saves that and its latest state, ckpt.pt (--checkpoint=latest). The line naming the checkpoint,
-its iteration and val loss goes to stderr, and so does a progress line every few seconds of a
-long generation; the samples go to stdout (`> samples.txt` keeps them alone).
+its iteration and val loss goes to stderr, and so do every note and a progress line every few
+seconds of a long generation; the samples alone go to stdout (`> samples.txt` keeps them).
 
 Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
 """
@@ -25,9 +25,8 @@ import torch
 
 import configurator
 from lib import cli, machine
-from lib.checkpoint import check_which, model_from_checkpoint, model_path
+from lib.checkpoint import check_which, load_checkpoint, model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
-from lib.guards import load_checkpoint
 from lib.settings import autocast_for
 
 DEFAULTS = dict(
@@ -82,6 +81,13 @@ def check_settings(config):
     machine.check_device(config["device"], config["dtype"])  # what train.py's settings check too
 
 
+def duration(seconds):
+    """'40 s', '7 minutes', '3.5 hours'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:,.1f} hours"
+
+
 def provenance(path, checkpoint):
     """One line: the checkpoint sampled from, its model, iteration and val loss. best.pt holds
     the model of its val loss; ckpt.pt, the latest state, may be past the best evaluation."""
@@ -125,11 +131,11 @@ def sample(config):
         raise ConfigError(f"the prompt has GPT-2 tokens beyond this model's vocab_size ({model.config.vocab_size})")
     if len(ids) > model.config.block_size:  # generate() feeds the model the last block_size tokens
         print(f"note: the prompt has {len(ids):,} tokens; the model sees only the last {model.config.block_size} "
-              f"(its block_size), then the tokens it generates")
+              f"(its block_size), then the tokens it generates", file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
     if device == "cpu":
-        note = machine.busy_cpu_note(torch.get_num_threads())
+        note = machine.busy_cpu_note()
         if note:
             print(note, file=sys.stderr)
     torch.manual_seed(config["seed"])
@@ -154,7 +160,7 @@ def generate(model, x, config):
                 shown, done = now, sample_index * n_new + token
                 rate = done / (now - t0)
                 print(f"{done:,} of {total:,} tokens, {rate:.1f} tokens/s, "
-                      f"about {machine.duration((total - done) / rate)} left", file=sys.stderr)
+                      f"about {duration((total - done) / rate)} left", file=sys.stderr)
         samples.append(y)
     return samples
 

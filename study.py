@@ -33,9 +33,11 @@ import torch
 
 import configurator
 import report
+import train
 from lib import cli, data, settings
 from lib.cli import ConfigError, UserError
-from lib.guards import FolderLock, saved_iteration
+from lib.checkpoint import saved_iteration
+from lib.guards import FolderLock
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run
@@ -52,7 +54,7 @@ class Run:
     config_name: str  # the config file's name without .py
     config_path: str
     seed: int
-    config: dict  # settings.get_config of the run's command line
+    config: dict  # train.get_config of the run's command line
     state: str = "new"  # 'new', 'restart', 'resume', 'finished' or 'failed', then 'done', 'stopped' or 'failed'
     iter: int = 0  # iterations done as far as we know: from the log, then from train.py's output
     tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
@@ -144,7 +146,7 @@ def plan_runs(configs, seeds, out_root, flags):
         for name, path in zip(names, configs):
             out_dir = os.path.join(out_root, f"{name}-seed{seed}")
             try:  # the flags go to every config: say which one refuses them
-                config = settings.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
+                config = train.get_config([path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
                 settings.model_args_of(config)  # a bad model setting fails here, not in every run
             except ConfigError as e:
                 raise ConfigError(str(e) if path in str(e) else f"{path}: {e}") from None

@@ -29,9 +29,8 @@ import torch.nn.functional as F
 
 import configurator
 from lib import cli
-from lib.checkpoint import check_which, model_from_checkpoint, model_path
+from lib.checkpoint import check_which, load_checkpoint, model_from_checkpoint, model_path
 from lib.cli import ConfigError, UserError
-from lib.guards import load_checkpoint
 from sample import gpt2_tokenizer, read_prompt
 
 DEFAULTS = dict(

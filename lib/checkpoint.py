@@ -1,81 +1,128 @@
 """
-What train.py writes in a run's folder, out_dir, and how it is read back:
-
-    out_dir/log.jsonl   JSON lines: a "start" record per launch, "train" records every
-                        log_interval steps, "eval" records at every loss estimate, and an
-                        "eval_only" record for each --eval_only evaluation. Strict JSON: a
-                        non-finite number is written as null and named in "nonfinite".
-    out_dir/ckpt.pt     the latest state: model, AdamW's state, the config, the iteration, the
-                        best val loss so far, every random state training reads (one per
-                        process, so that a resumed run draws exactly what an unbroken one
-                        would) and the identity of the data. Written at every evaluation, at
-                        the end and when a signal stops the run; train.py resumes from it.
-    out_dir/best.pt     the model of the evaluation with the lowest val loss (no optimizer
-                        state). sample.py and visualize.py load it unless told otherwise.
-    out_dir/train.lock  held while train.py runs (lib/guards.py).
-
-Checkpoints are dicts of plain tensors and Python values (torch.load with weights_only=True
-reads them), written under a temporary name and then renamed, so a crash mid-save leaves the
-previous file whole. lib/guards.py checks them as they are read back (guards.load_checkpoint).
+Everything about a checkpoint: what it holds, writing it, reading it back and checking it.
+out_dir/ckpt.pt holds the latest state, all a resumed run needs; out_dir/best.pt the model of the
+best evaluation. A checkpoint is a dict of tensors and plain values (weights_only=True loads it),
+written under a temporary name and renamed, and checked against torch's CRC32s when read.
 """
 
-import json
-import math
 import os
 import random
-import time
+import sys
+import zipfile
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from lib import settings
-from lib.cli import ConfigError, UserError, write_atomically, write_problem
+from lib import data, settings
+from lib.cli import ConfigError, UserError, write_atomically
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")  # and last_eval_iter, absent in older files
+TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")  # and last_eval_iter, not in old files
 FILES = {"latest": "ckpt.pt", "best": "best.pt"}
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
+LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # how a launch starts, not a setting
 
 
 # --------------------------------------------------------------------------------------
-# what the checkpoints hold
+# what a checkpoint holds, and writing it
 
 
 def model_state(config, model_args, model, iter_num, best_val_loss, data_identity):
     """best.pt: the model at iter_num, whose val loss is best_val_loss, and the data it trained on."""
-    return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args, model=model.state_dict(),
-                config=config, iter_num=iter_num, best_val_loss=best_val_loss, data=data_identity)
+    return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args,
+                model=model.state_dict(), config=config, iter_num=iter_num,
+                best_val_loss=best_val_loss, data=data_identity)
 
 
-def training_state(config, model_args, model, optimizer, scaler, iter_num, best_val_loss, rng, last_eval_iter,
-                   data_identity, first_val_loss):
-    """ckpt.pt: everything a resumed run needs, at iter_num; last_eval_iter says whether the
-    evaluation at iter_num (if it is an eval step) is done, so a resumed run knows to make it;
-    first_val_loss is the run's first evaluation's, which later ones are compared with."""
-    return dict(model_state(config, model_args, model, iter_num, best_val_loss, data_identity),
-                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), rng=rng, last_eval_iter=last_eval_iter,
-                first_val_loss=first_val_loss)
+def training_state(model_state, optimizer, scaler, rng, last_eval_iter, first_val_loss):
+    """ckpt.pt: best.pt's fields, AdamW's and the scaler's state, every rank's random states,
+    whether the evaluation at iter_num was made, and the untrained model's val loss."""
+    return dict(model_state, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                rng=rng, last_eval_iter=last_eval_iter, first_val_loss=first_val_loss)
+
+
+def named_tensors(value, name=""):
+    """(path, tensor) for every tensor in a nested dict, list or tuple (a checkpoint)."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            yield from named_tensors(item, f"{name}/{key}" if name else str(key))
+
+
+def nonfinite_tensors(state):
+    """The names (model/..., optimizer/...) of the tensors that hold a NaN or an infinity; one
+    read from each device for the whole state."""
+    named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
+    finite = {}  # by device: AdamW's step counts stay on the CPU while the weights are on a GPU
+    for _, t in named:
+        finite.setdefault(t.device, []).append(torch.isfinite(t).all())
+    if all(torch.stack(flags).all().item() for flags in finite.values()):
+        return []
+    return [name for name, t in named if not torch.isfinite(t).all()]
 
 
 def save_checkpoint(path, state):
-    """torch.save, atomically (cli.write_atomically). The size given for the free-space check counts
-    each storage once: the tied token embedding and output head share one."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for _, t in named_tensors(state)}
+    """torch.save, atomically; the free space asked for counts a shared storage (the tied
+    embedding and head) once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for _, t in named_tensors(state)}
     write_atomically(path, lambda f: torch.save(state, f), size=sum(storages.values()))
 
 
-def restore(saved, model, optimizer, scaler, batch_generator, rank):
-    """Loads a ckpt.pt (guards.Launch.load_resumable) into the model, the optimizer, the fp16 scaler and
-    this rank's random states; returns (iter_num, best_val_loss, last_eval_iter). The weights and
-    AdamW's state leave the checkpoint as they go in, so training does not hold them twice."""
-    model.load_state_dict(saved.pop("model"))
-    optimizer.load_state_dict(saved.pop("optimizer"))
-    if saved["scaler"]:  # empty when saved without fp16
-        scaler.load_state_dict(saved["scaler"])
-    if rank < len(saved["rng"]):  # ranks beyond the saving run's keep their fresh seeds
-        set_rng_state(saved["rng"][rank], batch_generator)
-    return saved["iter_num"], saved["best_val_loss"], saved["last_eval_iter"]
+# --------------------------------------------------------------------------------------
+# reading a checkpoint back: whole, ours, and of a known model
+
+
+def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
+    """A checkpoint train.py wrote that holds `keys`, on the CPU, or a UserError saying what is
+    wrong. mmap=True maps its tensors instead of reading them."""
+    path = str(path)
+    if not os.path.isfile(path):
+        folder = os.path.dirname(path) or "."
+        if os.path.isfile(os.path.join(folder, "log.jsonl")):
+            raise UserError(f"no checkpoint at {path}: the run in {folder} stopped before its "
+                            "first one — start it again with --overwrite=True")
+        raise UserError(f"no checkpoint at {path} — train one first "
+                        f"(python train.py CONFIG --out_dir={folder})")
+    check_crc(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception:  # torch's own advice, weights_only=False, would run the file's code
+        raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged: train "
+                        "again into a new --out_dir, or resume from a good copy") from None
+    missing = [key for key in keys if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint written by train.py: it lacks "
+                        f"{', '.join(missing)} (best.pt holds no training state)")
+    if state["format"] != FORMAT:
+        raise UserError(f"{path} has format {state['format']!r}; this train.py reads {FORMAT!r}")
+    if state["model_type"] not in settings.MODELS:
+        raise UserError(f"{path} holds an unknown model_type {state['model_type']!r}")
+    return state
+
+
+def check_crc(path):
+    """Refuse a checkpoint whose bytes changed on disk: testzip() reads every member of torch's
+    zip against its CRC32. A file that is no zip is left to torch.load, which says so."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # the first member that fails its CRC32, or None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return
+    if damaged:
+        other = {"ckpt.pt": "; best.pt (the model alone) may be whole",
+                 "best.pt": ", or use the latest state instead (--checkpoint=latest)"}
+        raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check — restore a "
+                        f"good copy of it, or train again{other.get(os.path.basename(path), '')}")
+
+
+def saved_iteration(path):
+    """A checkpoint's iteration, read without loading its tensors (study.py's)."""
+    return load_checkpoint(path, TRAINING_KEYS, mmap=True)["iter_num"]
 
 
 def check_which(which):
@@ -85,12 +132,11 @@ def check_which(which):
 
 
 def model_path(out_dir, which="best"):
-    """out_dir/best.pt ('best') or out_dir/ckpt.pt ('latest'). A run with no best.pt (one from
-    before best.pt existed) gives its ckpt.pt, with a note."""
+    """out_dir/best.pt or ckpt.pt; a run without best.pt gives its ckpt.pt, with a note."""
     check_which(which)
     path, latest = os.path.join(out_dir, FILES[which]), os.path.join(out_dir, FILES["latest"])
     if which == "best" and not os.path.isfile(path) and os.path.isfile(latest):
-        print(f"note: {out_dir} has no best.pt; using its latest state, {latest}")
+        print(f"note: {out_dir} has no best.pt; using its latest state, {latest}", file=sys.stderr)
         return latest
     return path
 
@@ -101,110 +147,124 @@ def model_from_checkpoint(saved):
         model = settings.build_model(saved["model_type"], saved["model_args"])
         model.load_state_dict(saved["model"])
     except (TypeError, ValueError, RuntimeError) as e:
-        raise UserError(f"the checkpoint does not fit model_{saved['model_type']}.py: {e}".splitlines()[0]) from None
+        message = f"the checkpoint does not fit model_{saved['model_type']}.py: {e}"
+        raise UserError(message.splitlines()[0]) from None
     return model
 
 
-def named_tensors(value, name=""):
-    """(path, tensor) for every tensor in a nested dict/list/tuple (a checkpoint)."""
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, item in items:
-        yield from named_tensors(item, f"{name}/{key}" if name else str(key))
+# --------------------------------------------------------------------------------------
+# resuming: the same model, the same data, and the state as the run left it
+
+
+def check_resume(saved, config, model_args):
+    """The checkpoint must hold the model the config asks for."""
+    if saved["model_type"] != config["model_type"]:
+        raise UserError(f"cannot resume: the checkpoint holds model_type {saved['model_type']!r}, "
+                        f"the config asks for {config['model_type']!r}")
+    recorded = settings.saved_model_args(saved["model_type"], saved["model_args"])
+    differ = [f"{key} (checkpoint {recorded.get(key)!r}, config {value!r})"
+              for key, value in model_args.items() if recorded.get(key) != value]
+    if differ:
+        raise UserError(f"cannot resume: model settings differ from the checkpoint's: "
+                        f"{', '.join(differ)}")
+
+
+def load_resumable(path, config, model_args):
+    """The ckpt.pt to resume from: a training state of the model the config asks for."""
+    saved = load_checkpoint(path, TRAINING_KEYS)
+    check_resume(saved, config, model_args)
+    # a checkpoint without last_eval_iter was saved right after its evaluation
+    saved.setdefault("last_eval_iter", saved["iter_num"])
+    return saved
+
+
+def report_resume(saved, config, path):
+    """Say where a resumed run goes on from, and which settings changed."""
+    iter_num, max_iters = saved["iter_num"], config["max_iters"]
+    changed = changed_settings(saved, config)
+    if changed:
+        print(f"resumed with settings that differ from the checkpoint's: {changed}")
+    if iter_num >= max_iters and saved["last_eval_iter"] == iter_num:
+        print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train "
+              "(raise --max_iters to train on)")
+    else:
+        print(f"resumed from iteration {iter_num} ({path}), training to max_iters {max_iters}")
+
+
+def changed_settings(saved, config):
+    """'key old → new, ...' for every setting that differs from the checkpoint's, or ''."""
+    before = saved["config"]
+    return ", ".join(f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
+                     if key in before and key not in LAUNCH_KEYS and before[key] != value)
+
+
+def check_data_identity(saved, identity, new_data, out_dir):
+    """A resume on other data is refused unless new_data. With it, a new val.bin starts best.pt
+    afresh (val losses compare on the same data only): the old one is renamed, not deleted."""
+    recorded = saved.get("data")
+    if recorded is None:  # written before checkpoints recorded their data
+        return
+    same = [split for split in ("train", "val")
+            if recorded[f"{split}_sha256"] == identity[f"{split}_sha256"]]
+    if len(same) == 2:
+        return
+    if not new_data:
+        raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data, "
+                        f"{data.short_identity(recorded)}, than {data.short_identity(identity)}: "
+                        "resume with that data, or pass --new_data=True to train on this data")
+    if "val" in same:
+        return
+    saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
+    best = os.path.join(out_dir, "best.pt")
+    if os.path.isfile(best):
+        kept, number = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}.pt"), 1
+        while os.path.exists(kept):  # a name no earlier change of data took
+            number += 1
+            kept = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}-{number}.pt")
+        os.replace(best, kept)
+        print(f"new_data=True: the val data changed, so best.pt starts afresh; the previous one "
+              f"is kept as {kept}")
+
+
+def restore(saved, model, optimizer, scaler, batch_generator, rank):
+    """Loads ckpt.pt into the model, AdamW, the scaler and this rank's random states; the
+    weights leave `saved` as they go in, so they are not held twice."""
+    model.load_state_dict(saved.pop("model"))
+    optimizer.load_state_dict(saved.pop("optimizer"))
+    if saved["scaler"]:  # empty when saved without fp16
+        scaler.load_state_dict(saved["scaler"])
+    if rank < len(saved["rng"]):  # ranks beyond the saving run's keep their fresh seeds
+        set_rng_state(saved["rng"][rank], batch_generator)
 
 
 # --------------------------------------------------------------------------------------
 # random states: a resumed run draws what an unbroken one would
 
 
-def get_rng_state(batch_generator):
-    np_state = np.random.get_state(legacy=False)
-    np_state["state"]["key"] = np_state["state"]["key"].tolist()  # plain ints load with weights_only
-    return {
+def rng_states(batch_generator, world_size):
+    """Every rank's random states, gathered on every rank, for ckpt.pt."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()  # weights_only loads ints
+    state = {
         "python": random.getstate(),
-        "numpy": np_state,
+        "numpy": numpy_state,
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
         "batches": batch_generator.get_state(),
     }
+    if world_size == 1:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return states
 
 
 def set_rng_state(state, batch_generator):
     random.setstate(state["python"])
-    np_state = state["numpy"]
-    np_state["state"]["key"] = np.array(np_state["state"]["key"], dtype=np.uint32)
-    np.random.set_state(np_state)
+    numpy_state = state["numpy"]
+    numpy_state["state"]["key"] = np.array(numpy_state["state"]["key"], dtype=np.uint32)
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])
     batch_generator.set_state(state["batches"])
-
-
-# --------------------------------------------------------------------------------------
-# the log
-
-
-def log_event(path, record):
-    """Print one record and append it to the log."""
-    kind = record["type"]
-    if kind == "start":
-        c = record["config"]
-        print(f"{record['model_type']}: {record['num_params']:,} parameters; world size {record['world_size']}")
-        print(f"tokens per iteration: {c['gradient_accumulation_steps']} micro-steps × {c['batch_size']} "
-              f"sequences × {c['block_size']} tokens = {record['tokens_per_iter']:,}")
-    elif kind == "train":
-        aux = "".join(f", {k} {v:.4f}" for k, v in record["aux"].items() if not isinstance(v, list))
-        mfu = f", mfu {record['mfu'] * 100:.1f}%" if record.get("mfu") is not None else ""
-        print(f"iter {record['iter']}: loss {record['loss']:.4f}{aux}, lr {record['lr']:.2e}, "
-              f"{record['ms_per_iter']:.1f} ms/iter, {record['tokens_per_s']:,.0f} tokens/s{mfu}")
-    else:
-        best = ", the best so far" if record["best"] else f" (best {record['best_val_loss']:.4f})"
-        print(f"eval at iter {record['iter']}: train loss {record['train_loss']:.4f}, "
-              f"val loss {record['val_loss']:.4f}{best}")
-    append_record(path, record)
-
-
-def append_record(path, record):
-    """Append one record (with the time) to the log as a JSON line of strict JSON: a non-finite
-    number (which jq and JavaScript reject) becomes null, and the record lists its name under
-    "nonfinite", e.g. ["val_loss"] or ["aux/future_attn_loss_per_layer/2"]."""
-    nonfinite = []
-    record = dict(finite_only(record, "", nonfinite), time=time.time())
-    if nonfinite:
-        record["nonfinite"] = nonfinite
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
-    except OSError as e:
-        raise UserError(write_problem(path, e)) from None
-
-
-def end_line(path):
-    """A launch killed mid-record leaves a partial last line: the next records start a new one."""
-    if os.path.isfile(path) and os.path.getsize(path):
-        with open(path, "rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-
-
-def finite_only(value, name, nonfinite):
-    """value with every non-finite float replaced by None, whose names are appended to nonfinite."""
-    if isinstance(value, float) and not math.isfinite(value):
-        nonfinite.append(name)
-        return None
-    if isinstance(value, dict):
-        return {key: finite_only(item, f"{name}/{key}" if name else key, nonfinite) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_only(item, f"{name}/{index}", nonfinite) for index, item in enumerate(value)]
-    return value
-
-
-def flat_aux(aux):
-    """(name, value) for every auxiliary loss, a per-layer list giving name/1, name/2, ..."""
-    for name, value in aux.items():
-        if isinstance(value, list):
-            yield from ((f"{name}/{layer}", v) for layer, v in enumerate(value, 1))
-        else:
-            yield name, value

@@ -21,7 +21,7 @@ import tiktoken
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from lib import cli, data
+from lib import cli, data, prepare_io
 
 WIKITEXT_MEMBERS = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")  # matched by basename
 USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
@@ -105,7 +105,7 @@ def download(session, url, part, expected_size, attempts):
             total = done + int(length) if length else expected_size
             if expected_size and total != expected_size:
                 raise DownloadError(f"server offers {total:,} bytes, expected {expected_size:,}")
-            with open(part, "ab" if done else "wb") as f, cli.Progress() as progress:
+            with open(part, "ab" if done else "wb") as f, prepare_io.Progress() as progress:
                 with contextlib.suppress(requests.RequestException):  # a dropped connection: resumed below
                     for chunk in response.iter_content(chunk_size=1 << 16):
                         done += f.write(chunk)
@@ -169,14 +169,14 @@ def fetch_zip(urls, path, expected, attempts, hint):
         while os.path.exists(bad):  # never over an earlier one
             n += 1
             bad = f"{path}.bad.{n}"
-        with cli.writing(path):
+        with prepare_io.writing(path):
             os.replace(path, bad)  # not deleted: the user may have put it there
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path + ".origin.json")  # it described the file moved aside
         print(f"warning: {path} {problem}: not used; renamed it to {bad}; downloading again", file=sys.stderr)
     failures, part = [], path + ".part"
     # a failed write is not the server's fault: it ends the run (the next one resumes) rather than trying another URL
-    with http_session(attempts) as session, cli.writing(part, after_failure="the next run resumes the download"):
+    with http_session(attempts) as session, prepare_io.writing(part, after_failure="the next run resumes the download"):
         for url in urls:
             try:
                 final_url = download(session, url, part, expected.size, attempts)

@@ -1,12 +1,10 @@
 """
-What a run's settings must be, and the machine they meet: values that would fail mid-run are
-refused up front; the device and precision a setting names must exist; a GPU's peak FLOP/s,
-which model FLOPs utilization (MFU) is measured against; a CPU's speed, to warn before a config
-sized for a GPU starts there; a CPU that other processes keep busy. A reader of the tutorial
-may skip this file.
+The machine a run meets: the device and dtype a setting names must exist; a GPU's peak FLOP/s
+for model FLOPs utilization (MFU); and a CPU too small or too busy for the run, said at once.
 """
 
 import os
+import sys
 import time
 
 import torch
@@ -23,41 +21,12 @@ PEAK_FLOPS = (
     ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
     ("A100", 312e12),  # SXM and PCIe alike
 )
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto = bf16 (else fp16) on CUDA, fp32 on a CPU
-
-
-def check_settings(config):
-    """Settings that would otherwise fail mid-run (or train on nonsense) are refused up front."""
-    if config["init_from"] not in ("scratch", "resume"):
-        raise ConfigError(f"init_from must be one of 'scratch', 'resume', got {config['init_from']!r}")
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-        if config[key] < 1:
-            raise ConfigError(f"{key} must be at least 1, got {config[key]}")
-    problems = []
-    if config["learning_rate"] <= 0:
-        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= config[key] < 1:
-            problems.append(f"{key} must be in [0, 1), got {config[key]}")
-    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
-        if config[key] < 0:
-            problems.append(f"{key} must be >= 0, got {config[key]}")
-    if config["decay_lr"]:
-        # the cosine's ratio divides by lr_decay_iters - warmup_iters
-        if config["warmup_iters"] >= config["lr_decay_iters"]:
-            problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
-                            f"({config['lr_decay_iters']}), or set --decay_lr=False")
-        if config["min_lr"] > config["learning_rate"]:
-            problems.append(f"min_lr ({config['min_lr']}) must not exceed learning_rate ({config['learning_rate']})")
-    if problems:
-        raise ConfigError("; ".join(problems))
-    check_device(config["device"], config["dtype"])
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 (else fp16) on CUDA, fp32 on CPU
+BUSY_CORES = 0.5  # other processes busy on this many cores or more: a run is slower than idle
 
 
 def check_device(device, dtype="auto"):
-    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist; dtype one of DTYPES."""
+    """The device is 'cpu', 'cuda' or 'cuda:N' of a GPU that exists; the dtype one of DTYPES."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
@@ -66,13 +35,12 @@ def check_device(device, dtype="auto"):
         kind = None
     if kind not in ("cpu", "cuda"):
         raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has no CUDA): use --device=cpu")
-        index = torch.device(device).index
-        if index is not None and index >= torch.cuda.device_count():
-            raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
-                              f"cuda:{torch.cuda.device_count() - 1}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has "
+                          "no CUDA): use --device=cpu")
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if kind == "cuda" and index is not None and index >= count:
+        raise ConfigError(f"device={device!r} but this machine has {count} GPU(s)")
 
 
 def peak_flops(device):
@@ -81,62 +49,45 @@ def peak_flops(device):
     for part, flops in PEAK_FLOPS:
         if part.lower() in name.lower():
             return flops
-    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in settings.py")
+    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in "
+          "lib/machine.py")
     return None
 
 
-def cpu_flops(seconds=0.2):
-    """This CPU's float32 FLOP/s in 512 × 512 matmuls, measured for about `seconds`: more than a
-    model's mix of operations reaches, so times estimated from it are lower bounds."""
-    a = torch.randn(512, 512)
-    a @ a  # the first call sets up the threads
-    t0, matmuls = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        a @ a
-        matmuls += 1
-    return matmuls * 2 * 512**3 / (time.perf_counter() - t0)
-
-
-def duration(seconds):
-    """'40 s', '7 minutes', '3.5 hours'."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:,.1f} hours"
-
-
-def warn_if_slow_on_cpu(config, flops_per_token, tokens_per_step, flops=None):
-    """Say at once when a config sized for a GPU starts on a CPU, and what its steps and its first
-    evaluation will cost there (at `flops` FLOP/s, measured if not given): before compiling and
-    evaluating, which take that long. flops_per_token counts forward and backward."""
-    flops_per_step = flops_per_token * tokens_per_step
+def warn_if_slow_on_cpu(config, flops_per_step):
+    """Say at once when a run sized for a GPU starts on a CPU, before compiling and the first
+    evaluation spend minutes there."""
     if flops_per_step > 1e12:
-        flops = flops or cpu_flops()
-        # the evaluation: eval_iters batches of each split, forward only (a third of the FLOPs)
-        eval_flops = flops_per_token / 3 * 2 * config["eval_iters"] * config["batch_size"] * config["block_size"]
-        print(f"note: this config is sized for a GPU: one optimizer step ({tokens_per_step // config['block_size']:,} "
-              f"sequences of {config['block_size']} tokens) is {flops_per_step / 1e12:,.0f} TFLOP, at least "
-              f"{duration(flops_per_step / flops)} on this CPU ({flops / 1e9:,.0f} GFLOP/s in matmuls), and the first "
-              f"evaluation (2 × {config['eval_iters']} batches of {config['batch_size']} sequences, forward only) at "
-              f"least {duration(eval_flops / flops)}")
-        print(f"note: max_iters is {config['max_iters']:,}: for a first run on a CPU use config/tiny_cpu.py")
+        print(f"note: one optimizer step is {flops_per_step / 1e12:,.0f} TFLOP, sized for a GPU: "
+              "minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
     if config["compile"]:
         print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")
 
 
-def busy_cpu_note(threads):
-    """A note, or None: say so when other processes keep busy the cores that torch's `threads`
-    need, at the start of a run, before this process adds to the load. A thread whose core is
-    taken runs only now and then, and the others wait for it at every operation: sample.py ran
-    60× slower with one of 2 cores taken, and as fast as ever on one thread. The others' load is
-    the 1-minute load average: the processes running or ready to, over all cores."""
+def cpu_times():
+    """(busy, total) ticks of all cores since boot: /proc/stat's first line, whose fields are
+    user, nice, system, idle, iowait, ...; idle and iowait are the idle ones."""
+    with open("/proc/stat") as f:
+        ticks = [int(field) for field in f.readline().split()[1:8]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_cpu_note(seconds=0.25, read=cpu_times):
+    """A note when other processes keep cores of this CPU busy, measured over `seconds` before
+    this process starts its work: the run will be slower (no thread count made it faster when
+    we measured). None on an idle machine, without /proc/stat, or when stderr is not a terminal
+    (a log file or a pipe gets no note)."""
+    if not sys.stderr.isatty():
+        return None
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # a system without a load average
+        busy_before, total_before = read()
+        time.sleep(seconds)
+        busy_after, total_after = read()
+    except OSError:
         return None
     cores = os.cpu_count() or 1
-    free = max(cores - round(load), 1)  # the cores the others leave, at least one
-    if threads <= free:
+    busy = cores * (busy_after - busy_before) / max(total_after - total_before, 1)
+    if busy < BUSY_CORES:
         return None
-    return (f"note: other processes keep this CPU busy (load average {load:.1f} on {cores} cores), and torch's "
-            f"{threads} threads would wait for each other, many times slower: put OMP_NUM_THREADS={free} in front "
-            f"of the command (OMP_NUM_THREADS={free} python ...)")
+    return (f"note: other processes keep {busy:.1f} of this machine's {cores} cores busy: "
+            "this run will be slower than on an idle machine")

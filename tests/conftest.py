@@ -22,7 +22,6 @@ import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
 import train
-from lib import settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, above tests/
 DATA_VOCAB = 256  # the data_dir fixture's tokens are below this
@@ -180,7 +179,7 @@ def argv_for(data_dir, out_dir, **overrides):
 
 
 def config_for(data_dir, out_dir, **overrides):
-    return settings.get_config(argv_for(data_dir, out_dir, **overrides))
+    return train.get_config(argv_for(data_dir, out_dir, **overrides))
 
 
 def read_log(out_dir):

@@ -85,27 +85,6 @@ def test_a_read_only_folder_is_one_line(tmp_path):
     assert (tmp_path / "study.md").read_text() == "old" and os.listdir(tmp_path) == ["study.md"]
 
 
-def test_writing_turns_a_failed_write_into_one_line(tmp_path):
-    target = str(tmp_path / "out.bin")
-    with pytest.raises(cli.UserError) as e:
-        with cli.writing(target, after_failure="no output written under the final names"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target + ".tmp")
-    assert str(e.value) == (f"cannot write {target}.tmp: no space left on device; free some space on that disk, "
-                            f"or write to another one; no output written under the final names")
-    with cli.writing(target):  # nothing failed: nothing said
-        pass
-
-
-def test_progress_rewrites_one_line_and_ends_it_with_the_last_numbers(capsys, monkeypatch):
-    clock = iter([100.0, 100.0, 100.0, 100.1, 100.3, 100.3])  # enter; each show reads the time, once more if shown
-    monkeypatch.setattr(cli.time, "time", lambda: next(clock))
-    with cli.Progress() as progress:
-        progress.show("1 of 3")  # shown: the first
-        progress.show("2 of 3")  # 0.1 s later: not shown
-        progress.show("3 of 3")  # 0.3 s after the first: shown
-    assert capsys.readouterr().err == "\r1 of 3\r3 of 3\n"
-
-
 PRINTS_MUCH = """
 import sys
 from lib import cli

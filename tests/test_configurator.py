@@ -13,7 +13,7 @@ import pytest
 import configurator
 import train
 from conftest import REPO
-from lib import cli, settings
+from lib import cli
 from lib.cli import ConfigError
 
 
@@ -21,20 +21,20 @@ def test_config_file_then_flags(tmp_path):
     path = tmp_path / "my_config.py"
     path.write_text("import math\nbatch_size = 7\nlearning_rate = 1e-3\nout_dir = 'from-file'\n"
                     "_scratch = 5\ndef helper():\n    pass\n")
-    config = settings.get_config([str(path), "--batch_size=9", "--min_lr=0", "--dtype=float16", "--compile=False"])
+    config = train.get_config([str(path), "--batch_size=9", "--min_lr=0", "--dtype=float16", "--compile=False"])
     assert config["batch_size"] == 9  # the flag wins over the file
     assert config["learning_rate"] == 1e-3 and config["out_dir"] == "from-file"
     assert config["min_lr"] == 0.0 and isinstance(config["min_lr"], float)  # int accepted for float
     assert config["dtype"] == "float16" and config["compile"] is False
-    assert config["max_iters"] == settings.DEFAULTS["max_iters"]
+    assert config["max_iters"] == train.DEFAULTS["max_iters"]
 
 
 def test_unknown_key_names_the_closest_key(capsys):
     with pytest.raises(ConfigError) as e:
-        settings.get_config(["config/tiny_cpu.py", "--max_iter=10"])
+        train.get_config(["config/tiny_cpu.py", "--max_iter=10"])
     assert str(e.value) == "unknown key max_iter; did you mean max_iters?"
     with pytest.raises(ConfigError) as e:  # nothing close: a pointer to --help, not the 37 keys
-        settings.get_config(["--zzzz=1"])
+        train.get_config(["--zzzz=1"])
     assert str(e.value) == "unknown key zzzz (--help lists the keys)"
     assert train.main(["--batch_sise=3"]) == 2
     assert last_line(capsys) == "error: unknown key batch_sise; did you mean batch_size?"
@@ -45,8 +45,8 @@ def test_wrong_type_names_the_type_and_the_value_now(capsys):
     assert train.main(["config/tiny_cpu.py", "--max_iters=ten"]) == 2
     assert last_line(capsys) == "error: --max_iters=ten: expected an integer (now 300)"
     with pytest.raises(ConfigError) as e:
-        settings.get_config(["--batch_size=3.5", "--compile=1", "--learning_rate=fast"])
-    now = settings.DEFAULTS
+        train.get_config(["--batch_size=3.5", "--compile=1", "--learning_rate=fast"])
+    now = train.DEFAULTS
     assert str(e.value) == (f"--batch_size=3.5: expected an integer (now {now['batch_size']}); --compile=1: expected "
                             f"True or False (now {now['compile']}); --learning_rate=fast: expected a number (now "
                             f"{now['learning_rate']})")
@@ -68,16 +68,16 @@ def last_line(capsys):
     (["--out_dir", "-x", "--wandb_run_name", "2024"], dict(out_dir="-x", wandb_run_name="2024")),
 ])
 def test_key_space_value_is_key_equals_value(argv, expected):
-    config = settings.get_config(["config/tiny_cpu.py", *argv])  # the config file stays first
+    config = train.get_config(["config/tiny_cpu.py", *argv])  # the config file stays first
     assert config["max_iters"] == 300 and {key: config[key] for key in expected} == expected
     spelled = configurator.normalize(["config/tiny_cpu.py", *argv])
     assert len(spelled) == 1 + len(expected) and all("=" in flag for flag in spelled[1:])
-    assert settings.get_config(spelled) == config
+    assert train.get_config(spelled) == config
 
 
 def test_a_negative_number_is_a_value():
     with pytest.raises(ConfigError, match="seed must be >= 0, got -1$"):
-        settings.get_config(["--seed", "-1"])
+        train.get_config(["--seed", "-1"])
     assert configurator.parse(["--min_lr", "-1e-9"])[1] == {"min_lr": "-1e-9"}
 
 
@@ -85,7 +85,7 @@ def test_a_negative_number_is_a_value():
 def test_a_flag_without_value_is_one_clear_error(argv, capsys):
     flag = next(arg for arg in argv if "=" not in arg and arg.startswith("--"))
     with pytest.raises(ConfigError) as e:
-        settings.get_config(argv)
+        train.get_config(argv)
     assert str(e.value) == f"{flag} has no value: write {flag}=VALUE or {flag} VALUE"
     assert train.main(argv) == 2 and last_line(capsys).startswith(f"error: {flag} has no value")
 
@@ -103,10 +103,10 @@ def test_switches_stand_alone_or_take_a_value_of_their_type():
 @pytest.mark.parametrize("argv, expected", [
     (["--compile"], dict(compile=True)),  # a boolean flag alone means True, as --probe does in check_causal.py
     (["--compile", "--max_iters=5"], dict(compile=True, max_iters=5)),
-    (["config/tiny_cpu.py", "--wandb_log", "--compile", "False"], dict(wandb_log=True, compile=False)),
+    (["config/tiny_cpu.py", "--overwrite", "--compile", "False"], dict(overwrite=True, compile=False)),
 ])
 def test_a_boolean_flag_alone_means_true(argv, expected):
-    config = settings.get_config(argv)
+    config = train.get_config(argv)
     assert {key: config[key] for key in expected} == expected
 
 
@@ -119,8 +119,8 @@ def test_a_flag_of_another_script_says_which(capsys):
 def test_the_keys_of_other_scripts_are_theirs():
     # the table that names another script's flag is checked against that script's own --help
     helps = {script: subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True).stdout
-             for script in set(cli.KEYS_ELSEWHERE.values())}
-    for key, script in cli.KEYS_ELSEWHERE.items():
+             for script in set(configurator.KEYS_ELSEWHERE.values())}
+    for key, script in configurator.KEYS_ELSEWHERE.items():
         assert f"--{key}" in helps[script], f"--{key} is not a flag of {script}"
 
 

@@ -42,8 +42,9 @@ import numpy as np
 import pytest
 import tiktoken
 
-from lib import cli, data, fetch, settings
+from lib import cli, data, fetch
 import bench
+import train
 import prepare_wikipedia as pw
 from conftest import REPO
 
@@ -423,7 +424,7 @@ def test_writeup_defaults_are_the_write_ups_counts():
 
 
 def test_the_write_ups_run_length_comes_from_their_config():
-    config = settings.get_config([os.path.join(REPO, "config", "future50_mse.py")])
+    config = train.get_config([os.path.join(REPO, "config", "future50_mse.py")])
     run_tokens = config["max_iters"] * config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
     assert pw.WRITEUP_RUN_TOKENS == run_tokens == 1_440_000_000  # the write-ups' 1.44B tokens
 

@@ -79,7 +79,7 @@ def write_log(out_dir, records, tail=""):
 
 def fake_run(config_argv, iters=300, val_loss=3.7):
     """Records of a run of the model that config_argv gives, as train.py logs them."""
-    config = settings.get_config(config_argv)
+    config = train.get_config(config_argv)
     start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1, tokens_per_iter=160_000,
                  iter_num=0, init_from="scratch", config=config, model_args=settings.model_args_of(config), time=0.0)
     aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}

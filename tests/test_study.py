@@ -25,8 +25,7 @@ import torch
 import report
 import study
 from lib import cli
-from lib.checkpoint import TRAINING_KEYS
-from lib.guards import load_checkpoint, saved_iteration
+from lib.checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
 from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
 
 

@@ -22,7 +22,6 @@ import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
 import train
-from lib import settings
 import visualize
 from conftest import TINY_MODEL, flip_bits
 
@@ -254,7 +253,7 @@ def runs(data_dir, tmp_path_factory):
     for name, run_settings in RUNS.items():
         out_dir = tmp_path_factory.mktemp(f"out-{name}", numbered=False)
         run_settings = {**RUN, **run_settings, "data_dir": data_dir, "out_dir": out_dir}
-        train.train(settings.get_config([f"--{key}={value}" for key, value in run_settings.items()]))
+        train.train(train.get_config([f"--{key}={value}" for key, value in run_settings.items()]))
         out[name] = str(out_dir)
     return out
 

@@ -1,0 +1,129 @@
+"""
+The run's log: each record rank 0 makes is printed as one console line, appended to
+out_dir/log.jsonl as one JSON line, and sent to Weights & Biases when the run asks for it.
+
+    start      one per launch: the model, its parameters, the config, the data's identity
+    train      every log_interval steps: cross_entropy, each auxiliary loss under aux, and loss,
+               their weighted sum, which is what the gradients come from; lr, grad_norm, speed
+    eval       every eval_interval steps: train_loss and val_loss, both plain cross-entropy
+    eval_only  one per --eval_only launch, kept apart from the run's own evaluations
+
+The JSON is strict: a non-finite number is written as null and named under "nonfinite".
+"""
+
+import json
+import math
+import os
+import time
+
+from lib.cli import UserError, write_problem
+
+
+def console_line(record):
+    """The line a record prints. A step's cross-entropy comes first, as the evaluations' losses
+    are cross-entropy too; the auxiliary losses and their total follow."""
+    kind = record["type"]
+    if kind == "start":
+        c = record["config"]
+        return (f"{record['model_type']}: {record['num_params']:,} parameters, world size "
+                f"{record['world_size']}\ntokens per iteration: {c['gradient_accumulation_steps']} "
+                f"micro-steps × {c['batch_size']} sequences × {c['block_size']} tokens = "
+                f"{record['tokens_per_iter']:,}")
+    if kind == "train":
+        aux = "".join(f", {name} {value:.4f}" for name, value in record["aux"].items()
+                      if not isinstance(value, list))
+        total = f", total loss {record['loss']:.4f}" if aux else ""
+        mfu = f", mfu {record['mfu'] * 100:.1f}%" if record["mfu"] is not None else ""
+        return (f"iter {record['iter']}: cross-entropy {record['cross_entropy']:.4f}{aux}{total}, "
+                f"grad norm {record['grad_norm']:.3g}, lr {record['lr']:.2e}, "
+                f"{record['ms_per_iter']:.1f} ms/iter, {record['tokens_per_s']:,.0f} tokens/s{mfu}")
+    losses = f"train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+    if kind == "eval_only":
+        return (f"evaluation only, at iteration {record['iter']} on {record['data_dir']} "
+                f"({record['eval_iters']} batches per split): {losses}")
+    best = ", the best so far" if record["best"] else f" (best {record['best_val_loss']:.4f})"
+    return f"eval at iter {record['iter']}: {losses}{best}"
+
+
+def start_wandb(config):
+    """Weights & Biases' run, when the config asks for one (settings.check made sure of wandb)."""
+    if not config["wandb_log"]:
+        return None
+    import wandb
+
+    wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
+    return wandb
+
+
+def start(path, config, model_args, model, world_size, iter_num, data_identity):
+    """A launch's first record; after a launch killed mid-record, it starts a line of its own."""
+    end_line(path)
+    tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    write(path, dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
+                     world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
+                     init_from=config["init_from"], config=config, model_args=model_args,
+                     data=data_identity))
+
+
+def step(path, iter_num, numbers, lr, dt, config, mfu, wandb):
+    """A train record: the step's numbers (train.forward_backward's), the learning rate, and the
+    speed over the steps since the last record, dt seconds each."""
+    tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    write(path, dict(type="train", iter=iter_num, **numbers, lr=lr, ms_per_iter=dt * 1000,
+                     tokens_per_s=tokens_per_iter / dt, mfu=mfu), wandb)
+
+
+def write(path, record, wandb=None):
+    """Print a record's line, append it to the log, and send its numbers to wandb if given."""
+    print(console_line(record))
+    append(path, record)
+    if wandb and record["type"] in ("train", "eval"):
+        wandb.log(dict(flat(record, record["type"])))
+
+
+def append(path, record):
+    """Append one record, with the time, as a line of strict JSON: a non-finite number (which jq
+    and JavaScript reject) becomes null, and its name goes under "nonfinite", as in
+    ["val_loss"] or ["aux/future_attn_loss_per_layer/2"]."""
+    nonfinite = []
+    record = dict(finite_only(record, "", nonfinite), time=time.time())
+    if nonfinite:
+        record["nonfinite"] = nonfinite
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+    except OSError as e:
+        raise UserError(write_problem(path, e)) from None
+
+
+def end_line(path):
+    """A launch killed mid-record leaves a partial last line: the next records start a new one."""
+    if os.path.isfile(path) and os.path.getsize(path):
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def finite_only(value, name, nonfinite):
+    """value with every non-finite float replaced by None; their names are added to nonfinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        nonfinite.append(name)
+        return None
+    if isinstance(value, dict):
+        return {key: finite_only(item, f"{name}/{key}" if name else key, nonfinite)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_only(item, f"{name}/{index}", nonfinite) for index, item in enumerate(value)]
+    return value
+
+
+def flat(value, name):
+    """(name/key/..., number) for every number in nested dicts and lists; a list's items are
+    numbered from 1, as a per-layer loss's layers are."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield name, value
+    elif isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value, 1)
+        for key, item in items:
+            yield from flat(item, f"{name}/{key}" if name else str(key))
