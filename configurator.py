@@ -1,12 +1,9 @@
 """
-Settings from the command line: `[config_file.py ...] [--key=value | --key value | --key ...]`
-over a dict of defaults: `config = merge(defaults, *parse(sys.argv[1:]))`.
-
-A config file is plain Python run in a fresh namespace; its simple values (bool, int, float, str,
-None) whose names do not start with "_" are taken. Flags win over files; a flag alone
-(`--compile`) means True. Every key must have a default and every value its default's type (an
-int is accepted for a float; a None default accepts any value), or merge raises one ConfigError
-that says why.
+Settings from the command line, `[config_file.py ...] [--key=value | --key value | --key ...]`,
+over a dict of defaults: `config = merge(defaults, *parse(sys.argv[1:]))`. A config file is plain
+Python; its simple values (bool, int, float, str, None) not named _... are taken. Flags win over
+files, and a flag alone means True. Every key needs a default and every value its default's type
+(an int passes for a float, anything for None), or merge raises one ConfigError saying why.
 """
 
 import ast
@@ -18,30 +15,32 @@ from lib.cli import ConfigError
 SIMPLE_TYPES = (bool, int, float, str, type(None))
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
 HELP_FLAGS = ("-h", "--help")
-# the flags of the scripts that do not read theirs through this file, so that a flag given to
-# the wrong script says where it belongs (test_configurator.py checks them against --help)
-PREPARE_KEYS = ("dataset", "input", "val", "detokenize", "num_proc", "max_chars", "url",
-                "zip", "split", "train_tokens", "val_tokens", "val_fraction", "retries")
+# the flags of the scripts that do not read theirs here: given to the wrong script, they say
+# where they belong (test_configurator.py checks them against those scripts' --help)
+PREPARE_KEYS = ("dataset", "input", "val", "detokenize", "num_proc", "max_chars", "url", "zip",
+                "split", "train_tokens", "val_tokens", "val_fraction", "retries")
 STUDY_KEYS = ("seeds", "out_root", "gpus", "report_only", "progress_s")
 KEYS_ELSEWHERE = {**dict.fromkeys(PREPARE_KEYS, "prepare_wikipedia.py"),
                   **dict.fromkeys(STUDY_KEYS, "study.py")}
-# keys a checkpoint decides, so that sample.py and visualize.py say so instead of a look-alike
-CHECKPOINT_KEYS = ("model_type",)
+CHECKPOINT_KEYS = ("model_type",)  # sample.py's and visualize.py's checkpoint decides them
 
 
 def wants_help(argv):
     return any(arg in HELP_FLAGS for arg in argv)
 
 
+def without_help(argv):
+    return [arg for arg in argv if arg not in HELP_FLAGS]
+
+
 def usage(doc, config):
-    """A script's --help text: its docstring, then every key with its value in config."""
+    """A script's --help: its docstring, then every key with its value in config."""
     keys = "\n".join(f"  --{key}={value!r}" for key, value in config.items())
-    return (f"{doc.strip()}\n\nkeys, as --key=value or --key value (after any config files), "
-            f"with their values:\n{keys}")
+    return f"{doc.strip()}\n\nkeys (--key=value or --key value), with their values:\n{keys}"
 
 
 def read_config_file(path):
-    """The simple, non-underscore values a Python config file defines."""
+    """The simple values a Python config file defines, but those named _..."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found (a config file is a .py path such as "
                           "config/tiny_cpu.py)")
@@ -59,10 +58,9 @@ def read_config_file(path):
 
 
 def normalize(argv, switches=None, keep=()):
-    """argv with every flag as one `--key=value` (`--key` where no value follows), config files in
-    place. `--key value` takes any next argument but a flag (so `--seed -1` works). A key of
-    switches (bench.py's profile=5) alone means that value, and takes the next argument only when
-    it is of its type (`--compare False`, not `--compare config/x.py`). Flags in `keep` stay."""
+    """argv with each flag as one `--key=value`, or `--key` where no value follows. A value is
+    any next argument but a flag (`--seed -1` works). A key of switches (bench.py's profile=5)
+    alone means its value, and takes the next argument only if of its type. Flags in keep stay."""
     switches, flags, rest = switches or {}, [], list(argv)
     while rest:
         arg = rest.pop(0)
@@ -73,7 +71,7 @@ def normalize(argv, switches=None, keep=()):
         following = rest[0] if rest and not rest[0].startswith("--") else None
         if key in switches:
             value = switches[key]
-            # the next argument is the switch's value only when it is of the switch's type
+            # `--compare False` takes False; `--compare config/x.py` does not
             takes_next = following is not None
             takes_next = takes_next and type(read_flag(key, following, value)) is type(value)
             flags.append(f"{arg}={rest.pop(0) if takes_next else value}")
@@ -83,13 +81,13 @@ def normalize(argv, switches=None, keep=()):
 
 
 def parse(argv, switches=None):
-    """argv split into (the config files' values, {key: the flag's text, None for a flag alone})."""
+    """(the config files' values, {key: the flag's text, or None for a flag alone})."""
     files, overrides = {}, {}
     for arg in normalize(argv, switches):
         if arg.startswith("--"):
             key, equals, text = arg[2:].partition("=")
             if not key:
-                raise ConfigError(f"bad argument {arg!r}: write flags as --key=value or --key value")
+                raise ConfigError(f"bad argument {arg!r}: write --key=value or --key value")
             overrides[key] = text if equals else None
         else:
             files.update(read_config_file(arg))
@@ -97,19 +95,18 @@ def parse(argv, switches=None):
 
 
 def read_flag(key, text, default):
-    """The Python value of `--key=text`; plain text for string keys; True for a flag alone."""
+    """The Python value of `--key=text`: text itself for a text key, True for a flag alone."""
     if text is None:
         return True
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         value = text
-    # --wandb_run_name=2024 is text
     return text if isinstance(default, str) and not isinstance(value, str) else value
 
 
 def check_type(value, default):
-    """(the value converted to the default's type, None), or (None, what was expected)."""
+    """(value as the default's type, None), or (None, what was expected)."""
     if default is None or type(value) is type(default):
         return value, None
     if type(default) is float and type(value) is int:
@@ -118,8 +115,7 @@ def check_type(value, default):
 
 
 def unknown_key(key, known, program):
-    """The message for a key no default has: the script it belongs to, that the checkpoint
-    decides it, the closest known key, or --help."""
+    """What to say of a key without a default: whose it is, or the closest known key."""
     if key in KEYS_ELSEWHERE:
         return f"{program} has no setting {key}; did you mean to pass it to {KEYS_ELSEWHERE[key]}?"
     if key in CHECKPOINT_KEYS:
@@ -131,9 +127,8 @@ def unknown_key(key, known, program):
 
 
 def merge(defaults, files, overrides, script_keys=(), program="train.py"):
-    """defaults updated with the config files' values, then with the flags, checked against the
-    defaults. script_keys, the calling script's own keys, are skipped here but suggested for a
-    misspelt key."""
+    """defaults updated with the files' values, then the flags, checked against the defaults.
+    script_keys, the calling script's own keys, are skipped but suggested for a misspelt key."""
     config, problems = dict(defaults), []
     given = [(key, value, f"{key}={value!r} in the config file") for key, value in files.items()]
     for key, text in overrides.items():

@@ -134,10 +134,6 @@ def sample(config):
               f"(its block_size), then the tokens it generates", file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
-    if device == "cpu":
-        note = machine.busy_cpu_note()
-        if note:
-            print(note, file=sys.stderr)
     torch.manual_seed(config["seed"])
     with torch.no_grad(), autocast:
         return [enc.decode(y[0].tolist()) for y in generate(model, x, config)]

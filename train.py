@@ -1,8 +1,7 @@
 """
 Trains one of the three models (baseline, future attention, auto-regressive encoder-decoder) on
-the token files of prepare_wikipedia.py. DEFAULTS below are the write-ups' training settings; the
-model's own (n_layer, future_dim, ...) are its GPTConfig's. A config file and --key=value flags
-change any of them.
+the token files of prepare_wikipedia.py. DEFAULTS are the write-ups' training settings, the model's
+own are its GPTConfig's; a config file and --key=value flags change any of them.
 
     python train.py config/tiny_cpu.py                         # a CPU, a few minutes
     python train.py config/future50_mse.py                     # one GPU: compile + bf16
@@ -10,9 +9,8 @@ change any of them.
     python train.py config/tiny_cpu.py --help                  # every key with its value
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs
 
-Rank 0 logs (lib/log.py) and saves out_dir/ckpt.pt at every evaluation, and best.pt when val
-improved (lib/checkpoint.py). Ctrl-C or SIGTERM stops the run after the current step, with its
-state saved. What is checked, and when: lib/guards.py and docs/training.md.
+Rank 0 logs (lib/log.py) and saves ckpt.pt at every evaluation, best.pt when val improved
+(lib/checkpoint.py). Ctrl-C stops after the step, state saved. Checks: lib/guards.py.
 """
 
 import itertools
@@ -74,19 +72,8 @@ EVAL_SEED_OFFSET = 1_000_000  # eval batches use seed + this, a seed no rank tra
 
 
 def get_config(argv, script_keys=(), check_model=False):
-    """The checked config of `[config_file.py ...] [--key=value ...]`: DEFAULTS and the model's
-    fields, then the files, then the flags. script_keys: the calling script's own keys."""
-    files, overrides = configurator.parse(argv)
-    # the keys depend on the model, so model_type comes first: flag, else file, else default
-    model_type = files.get("model_type", DEFAULTS["model_type"])
-    if "model_type" in overrides:
-        model_type = configurator.read_flag("model_type", overrides["model_type"], "")
-    defaults = settings.with_model_fields(DEFAULTS, model_type)
-    config = configurator.merge(defaults, files, overrides, script_keys)
-    paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
-    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
-    settings.check(config, world_size, check_model, files=paths)
-    return config
+    """The checked config of `[config_file.py ...] [--key=value ...]` over DEFAULTS."""
+    return settings.get_config(DEFAULTS, argv, script_keys, check_model)
 
 
 # --------------------------------------------------------------------------------------
@@ -140,7 +127,7 @@ def estimate_loss(model, config, device, autocast):
         means.append(total / config["eval_iters"])
     model.train()
     train_loss, val_loss = torch.stack(means).tolist()  # one read from the device
-    return {"train": train_loss, "val": val_loss}
+    return dict(train_loss=train_loss, val_loss=val_loss)
 
 
 # --------------------------------------------------------------------------------------
@@ -148,10 +135,9 @@ def estimate_loss(model, config, device, autocast):
 
 
 def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimizer, grad_clip):
-    """The gradients of one optimizer step over accum_steps micro-batches from `batches`,
-    unscaled (fp16) and clipped at grad_clip if > 0. Returns the means over micro-steps and
-    processes of cross_entropy, aux (the auxiliary losses), loss (the cross-entropy plus the
-    weighted auxiliary losses: what the gradients come from) and grad_norm (before clipping)."""
+    """The gradients of one step over accum_steps micro-batches, unscaled (fp16) and clipped at
+    grad_clip if > 0. Returns the means over micro-steps and processes of cross_entropy, aux,
+    loss (cross-entropy plus weighted aux losses: what the gradients come from) and grad_norm."""
     X, Y = next(batches)
     totals = 0  # the sums of [loss, cross-entropy, *aux], on the device
     for micro_step in range(accum_steps):
@@ -199,7 +185,12 @@ def eval_due(iter_num, last_eval_iter, config):
 
 
 def build(config, model_args, device, rank, world_size):
-    """The model (raw, and compiled and in DDP), AdamW and the fp16 gradient scaler."""
+    """The model (raw; compiled, in DDP), AdamW, the fp16 scaler and the batches' generator."""
+    for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own
+        seed(config["seed"] + rank)
+    batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
+    torch.backends.cudnn.allow_tf32 = True
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     raw_model = settings.build_model(config["model_type"], model_args).to(device)
     optimizer = raw_model.configure_optimizers(config["weight_decay"], config["learning_rate"],
@@ -211,11 +202,11 @@ def build(config, model_args, device, rank, world_size):
         unused = config["model_type"] == "encdec" and model_args["embedding_loss_type"] == "none"
         model = DDP(model, device_ids=[torch.device(device)] if device_type == "cuda" else None,
                     find_unused_parameters=unused)
-    return raw_model, model, optimizer, scaler
+    return raw_model, model, optimizer, scaler, batch_generator  # DDP copies rank 0's weights
 
 
 def train(config, as_script=False):
-    """Trains as config says, in each process under torchrun; returns the model, iter_num and
+    """Trains as config says (in each process under torchrun); returns the model, iter_num and
     best_val_loss. A stop signal ends it after the step, state saved (cli.Stopped)."""
     under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
 
@@ -227,34 +218,28 @@ def train(config, as_script=False):
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
         dtype, autocast = settings.autocast_for(config["dtype"], device.split(":")[0])
         config = dict(config, dtype=dtype)  # logged and saved as resolved
-        torch.backends.cuda.matmul.allow_tf32 = True  # on a GPU
-        torch.backends.cudnn.allow_tf32 = True
         model_args, max_iters = settings.model_args_of(config), config["max_iters"]
         ckpt_path, best_path, log_path = (os.path.join(config["out_dir"], name)
                                           for name in ("ckpt.pt", "best.pt", "log.jsonl"))
 
-        # a resumed run goes on from ckpt.pt, checked against the config and the data
-        saved = None
+        saved = None  # a resumed run's ckpt.pt, checked against the config and the data
         if config["init_from"] == "resume":
             saved = checkpoint.load_resumable(ckpt_path, config, model_args)
         if config["eval_only"]:
             return evaluate_only(config, saved, device, autocast) if master else None
         with guards.rank0_decides(ddp):
             if saved and master:
-                checkpoint.check_data_identity(saved, data_identity, config["new_data"],
-                                               config["out_dir"])
-                checkpoint.report_resume(saved, config, ckpt_path)
-        if saved and saved["iter_num"] >= max_iters and saved["last_eval_iter"] == saved["iter_num"]:
-            model = checkpoint.model_from_checkpoint(saved).to(device)  # nothing to train
-            return dict(model=model, iter_num=saved["iter_num"], best_val_loss=saved["best_val_loss"])
+                checkpoint.check_resumed_data(saved, config, data_identity, ckpt_path)
+        if saved and checkpoint.nothing_to_train(saved, config):
+            model = checkpoint.model_from_checkpoint(saved).to(device)
+            return dict(model=model, iter_num=saved["iter_num"],
+                        best_val_loss=saved["best_val_loss"])
 
-        # each rank its own seed (dropout, batches); DDP copies rank 0's initial weights
-        for seed in (random.seed, np.random.seed, torch.manual_seed):
-            seed(config["seed"] + rank)
-        batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
+        raw_model, model, optimizer, scaler, batch_generator = build(config, model_args, device,
+                                                                     rank, world_size)
         batches = (get_batch(config["data_dir"], "train", batch_generator, config["batch_size"],
                              config["block_size"], device) for _ in itertools.count())
-        raw_model, model, optimizer, scaler = build(config, model_args, device, rank, world_size)
+        eval_model = model.module if ddp else model  # rank 0 evaluates alone, outside DDP
 
         # the run's state: what the loop reads and changes
         iter_num, best_val_loss, first_val_loss, last_eval_iter = 0, float("inf"), None, None
@@ -269,29 +254,25 @@ def train(config, as_script=False):
             under_way = f"iteration {iter_num + 1}"
         accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
         wandb = peak_flops = None
-        if master:
-            wandb = log.start_wandb(config)  # first: it may fail, and nothing is logged yet
+        if master:  # wandb first: it may fail, and nothing is logged yet
+            wandb = log.start_wandb(config)
             log.start(log_path, config, model_args, raw_model, world_size, iter_num, data_identity)
-            if device == "cpu":
-                tokens_per_step = accum_steps * config["batch_size"] * config["block_size"]
-                machine.warn_if_slow_on_cpu(config, raw_model.flops_per_token() * tokens_per_step)
-            else:
-                peak_flops = machine.peak_flops(device)
+            peak_flops = machine.speed_notes(config, device, raw_model.flops_per_token())
 
-        def save_latest(rng):  # ckpt.pt, all a resume needs; nothing non-finite
+        def checked_state(rng):  # (best.pt's, ckpt.pt's) state; the run stops if not finite
             state = checkpoint.model_state(config, model_args, raw_model, iter_num, best_val_loss,
                                            data_identity)
-            state = checkpoint.training_state(state, optimizer, scaler, rng, last_eval_iter,
-                                              first_val_loss)
-            guards.check_state(state, config, last_good)
-            checkpoint.save_checkpoint(ckpt_path, state)
+            full = checkpoint.training_state(state, optimizer, scaler, rng, last_eval_iter,
+                                             first_val_loss)
+            guards.check_state(full, config, last_good)
+            return state, full
 
         def stop_if_requested():  # a signal to any process: all stop after the same step
             signum = guards.stop_requested(stop, ddp, device)
             if signum:
                 rng = checkpoint.rng_states(batch_generator, world_size)
                 if master and not diverging and last_eval_iter != iter_num:  # else saved
-                    save_latest(rng)
+                    checkpoint.save_checkpoint(ckpt_path, checked_state(rng)[1])
                 raise guards.stopped(signum, iter_num, config, last_good, diverging, master)
 
         t_last, timed_iters = time.time(), 0
@@ -303,28 +284,18 @@ def train(config, as_script=False):
                 with guards.rank0_decides(ddp):  # what stops rank 0 here stops every process
                     if master:
                         guards.check_data_unchanged(config, data_stamps)
-                        # rank 0 alone, so outside DDP
-                        losses = estimate_loss(model.module if ddp else model, config, device,
-                                               autocast)
-                        val_loss = losses["val"]
-                        finite = all(map(math.isfinite, losses.values()))
-                        improved = finite and val_loss < best_val_loss
+                        losses = estimate_loss(eval_model, config, device, autocast)
+                        improved = log.evaluation(log_path, iter_num, losses, best_val_loss, wandb)
+                        val_loss = losses["val_loss"]
                         best_val_loss = val_loss if improved else best_val_loss
-                        # the record first: after a kill before the save, the resumed launch's
-                        # records replace it
-                        log.write(log_path, dict(type="eval", iter=iter_num, train_loss=losses["train"],
-                                                 val_loss=val_loss, best_val_loss=best_val_loss,
-                                                 best=improved), wandb)
                         diverging = guards.check_evaluation(iter_num, losses, best_val_loss,
                                                             first_val_loss, config, last_good)
                         first_val_loss = val_loss if first_val_loss is None else first_val_loss
+                        state, full = checked_state(rng)
                         if improved:  # first: ckpt.pt never claims a newer best.pt
-                            state = checkpoint.model_state(config, model_args, raw_model, iter_num,
-                                                           best_val_loss, data_identity)
-                            guards.check_state(state, config, last_good)
                             checkpoint.save_checkpoint(best_path, state)
                         if not diverging:  # else ckpt.pt keeps the last good state
-                            save_latest(rng)
+                            checkpoint.save_checkpoint(ckpt_path, full)
                             last_good = (iter_num, val_loss)
                 t_last, timed_iters = time.time(), 0  # timings leave out evaluation
                 if iter_num < max_iters:
@@ -361,19 +332,15 @@ def evaluate_only(config, saved, device, autocast):
     model, iter_num = checkpoint.model_from_checkpoint(saved).to(device), saved["iter_num"]
     losses = estimate_loss(model, config, device, autocast)
     log.write(os.path.join(config["out_dir"], "log.jsonl"),
-              dict(type="eval_only", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                   data_dir=config["data_dir"], eval_iters=config["eval_iters"]))
+              dict(type="eval_only", iter=iter_num, **losses, data_dir=config["data_dir"],
+                   eval_iters=config["eval_iters"]))
     return dict(model=model, iter_num=iter_num, best_val_loss=None)
 
 
 @cli.main
 def main(argv):
-    if configurator.wants_help(argv):  # the values the rest of argv gives, if it can
-        try:
-            config = get_config([arg for arg in argv if arg not in configurator.HELP_FLAGS])
-        except cli.ConfigError:
-            config = get_config([])
-        print(configurator.usage(__doc__, config))
+    if configurator.wants_help(argv):  # with the values the rest of argv gives
+        print(configurator.usage(__doc__, get_config(configurator.without_help(argv))))
         return 0
     train(get_config(argv, check_model=True), as_script=__name__ == "__main__")
     return 0

@@ -19,10 +19,10 @@ from lib.cli import ConfigError, UserError, write_atomically
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")  # and last_eval_iter, not in old files
+TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")
 FILES = {"latest": "ckpt.pt", "best": "best.pt"}
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
-LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # how a launch starts, not a setting
+LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # not settings of the run
 
 
 # --------------------------------------------------------------------------------------
@@ -30,21 +30,20 @@ LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # how a launc
 
 
 def model_state(config, model_args, model, iter_num, best_val_loss, data_identity):
-    """best.pt: the model at iter_num, whose val loss is best_val_loss, and the data it trained on."""
+    """best.pt: the model at iter_num, its val loss, and the data it trained on."""
     return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args,
                 model=model.state_dict(), config=config, iter_num=iter_num,
                 best_val_loss=best_val_loss, data=data_identity)
 
 
 def training_state(model_state, optimizer, scaler, rng, last_eval_iter, first_val_loss):
-    """ckpt.pt: best.pt's fields, AdamW's and the scaler's state, every rank's random states,
-    whether the evaluation at iter_num was made, and the untrained model's val loss."""
+    """ckpt.pt: best.pt's fields and AdamW's, the scaler's and every rank's random states."""
     return dict(model_state, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                 rng=rng, last_eval_iter=last_eval_iter, first_val_loss=first_val_loss)
 
 
 def named_tensors(value, name=""):
-    """(path, tensor) for every tensor in a nested dict, list or tuple (a checkpoint)."""
+    """(path, tensor) for every tensor in a nested dict, list or tuple."""
     if isinstance(value, torch.Tensor):
         yield name, value
     elif isinstance(value, (dict, list, tuple)):
@@ -57,7 +56,7 @@ def nonfinite_tensors(state):
     """The names (model/..., optimizer/...) of the tensors that hold a NaN or an infinity; one
     read from each device for the whole state."""
     named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
-    finite = {}  # by device: AdamW's step counts stay on the CPU while the weights are on a GPU
+    finite = {}  # by device: AdamW's step counts stay on the CPU
     for _, t in named:
         finite.setdefault(t.device, []).append(torch.isfinite(t).all())
     if all(torch.stack(flags).all().item() for flags in finite.values()):
@@ -74,7 +73,7 @@ def save_checkpoint(path, state):
 
 
 # --------------------------------------------------------------------------------------
-# reading a checkpoint back: whole, ours, and of a known model
+# reading it back
 
 
 def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
@@ -91,7 +90,7 @@ def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
     check_crc(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception:  # torch's own advice, weights_only=False, would run the file's code
+    except Exception:  # not torch's advice, weights_only=False: it would run the file's code
         raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged: train "
                         "again into a new --out_dir, or resume from a good copy") from None
     missing = [key for key in keys if not isinstance(state, dict) or key not in state]
@@ -106,18 +105,17 @@ def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
 
 
 def check_crc(path):
-    """Refuse a checkpoint whose bytes changed on disk: testzip() reads every member of torch's
-    zip against its CRC32. A file that is no zip is left to torch.load, which says so."""
+    """Refuse a checkpoint whose bytes changed on disk: testzip() checks each member's CRC32."""
     try:
         with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()  # the first member that fails its CRC32, or None
+            damaged = archive.testzip()  # the first member that fails, or None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return
     if damaged:
         other = {"ckpt.pt": "; best.pt (the model alone) may be whole",
                  "best.pt": ", or use the latest state instead (--checkpoint=latest)"}
-        raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check — restore a "
-                        f"good copy of it, or train again{other.get(os.path.basename(path), '')}")
+        raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check — restore "
+                        "a good copy of it, or train again" + other.get(os.path.basename(path), ""))
 
 
 def saved_iteration(path):
@@ -126,7 +124,7 @@ def saved_iteration(path):
 
 
 def check_which(which):
-    """Refuse a --checkpoint setting other than 'best' or 'latest' (sample.py, visualize.py)."""
+    """Refuse a --checkpoint setting other than 'best' or 'latest'."""
     if which not in FILES:
         raise ConfigError(f"checkpoint must be 'best' or 'latest', got {which!r}")
 
@@ -153,7 +151,7 @@ def model_from_checkpoint(saved):
 
 
 # --------------------------------------------------------------------------------------
-# resuming: the same model, the same data, and the state as the run left it
+# resuming
 
 
 def check_resume(saved, config, model_args):
@@ -173,34 +171,40 @@ def load_resumable(path, config, model_args):
     """The ckpt.pt to resume from: a training state of the model the config asks for."""
     saved = load_checkpoint(path, TRAINING_KEYS)
     check_resume(saved, config, model_args)
-    # a checkpoint without last_eval_iter was saved right after its evaluation
+    # older checkpoints were saved right after their evaluation
     saved.setdefault("last_eval_iter", saved["iter_num"])
     return saved
 
 
-def report_resume(saved, config, path):
-    """Say where a resumed run goes on from, and which settings changed."""
+def check_resumed_data(saved, config, identity, path):
+    """Check a resume's data, then say where it goes on from and which settings changed."""
+    check_data_identity(saved, identity, config["new_data"], config["out_dir"])
     iter_num, max_iters = saved["iter_num"], config["max_iters"]
     changed = changed_settings(saved, config)
     if changed:
         print(f"resumed with settings that differ from the checkpoint's: {changed}")
-    if iter_num >= max_iters and saved["last_eval_iter"] == iter_num:
+    if nothing_to_train(saved, config):
         print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train "
               "(raise --max_iters to train on)")
     else:
         print(f"resumed from iteration {iter_num} ({path}), training to max_iters {max_iters}")
 
 
+def nothing_to_train(saved, config):
+    """Whether a resumed run is at max_iters already, its last evaluation made."""
+    return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
+
+
 def changed_settings(saved, config):
-    """'key old → new, ...' for every setting that differs from the checkpoint's, or ''."""
+    """'key old → new, ...' for the settings that differ from the checkpoint's."""
     before = saved["config"]
     return ", ".join(f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
                      if key in before and key not in LAUNCH_KEYS and before[key] != value)
 
 
 def check_data_identity(saved, identity, new_data, out_dir):
-    """A resume on other data is refused unless new_data. With it, a new val.bin starts best.pt
-    afresh (val losses compare on the same data only): the old one is renamed, not deleted."""
+    """A resume on other data needs new_data; a new val.bin then starts best.pt afresh (val
+    losses compare on the same data only), the old one renamed."""
     recorded = saved.get("data")
     if recorded is None:  # written before checkpoints recorded their data
         return
@@ -228,7 +232,7 @@ def check_data_identity(saved, identity, new_data, out_dir):
 
 def restore(saved, model, optimizer, scaler, batch_generator, rank):
     """Loads ckpt.pt into the model, AdamW, the scaler and this rank's random states; the
-    weights leave `saved` as they go in, so they are not held twice."""
+    weights leave `saved` as they go in, not to be held twice."""
     model.load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     if saved["scaler"]:  # empty when saved without fp16
@@ -242,9 +246,9 @@ def restore(saved, model, optimizer, scaler, batch_generator, rank):
 
 
 def rng_states(batch_generator, world_size):
-    """Every rank's random states, gathered on every rank, for ckpt.pt."""
+    """Every rank's random states, on every rank."""
     numpy_state = np.random.get_state(legacy=False)
-    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()  # weights_only loads ints
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()  # for weights_only
     state = {
         "python": random.getstate(),
         "numpy": numpy_state,

@@ -1,10 +1,7 @@
 """
-What every script does with a mistake the user can fix: one line that says what is wrong and what
-to do, never a traceback. Also the stop signals, and the one way files are written: under a
-temporary name, then renamed, so that a crash, a full disk or a signal never leaves half a file.
-
-Exit status: 0 done, 1 a failure the user can fix (UserError), 2 a bad setting (ConfigError), and
-128 + the signal's number for a stop signal, as a shell reports it: 130 Ctrl-C, 143 SIGTERM.
+What every script does with a mistake the user can fix: one line saying what to do, exit status 1
+(UserError) or 2 (a bad setting, ConfigError), never a traceback. Also the stop signals (status
+128 + the signal's number) and atomic writes: a crash never leaves half a file.
 """
 
 import errno
@@ -18,12 +15,12 @@ import threading
 import time
 from contextlib import suppress
 
-# Ctrl-C; `kill` and schedulers; a closed terminal; SLURM's warning before a time limit
+# Ctrl-C; kill; a closed terminal; SLURM's warning before a time limit
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 class UserError(Exception):
-    """A failure the user can fix: missing or damaged data, a folder in use, a full disk."""
+    """A failure the user can fix: missing data, a folder in use, a full disk."""
 
     status = 1
 
@@ -35,20 +32,19 @@ class ConfigError(UserError, ValueError):
 
 
 class Stopped(BaseException):
-    """A stop signal ended the script; the message says what was saved, if anything."""
+    """A stop signal ended the script; the message says what was saved."""
 
     def __init__(self, signum, message=None):
-        super().__init__(f"stopped by {signal.Signals(signum).name}" if message is None else message)
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}" if message is None else message)
         self.signum = signum
 
 
 class StopRequests:
-    """Within it, a stop signal does not interrupt: its number goes to .signum, for the script to
-    stop where it can save its work, and acknowledge(signum) gives a line to print at once. A
-    second signal stops at once (Stopped). passed_on: under torchrun, which passes a signal on to
-    processes that may have had it already, the same signal within REPEAT_S seconds is that copy.
-    exit_within_s: after a second signal the process ends that much later, even if its teardown
-    hangs (torch.compile's workers, gloo's threads); None for a process that goes on (a test)."""
+    """Within it, a stop signal only sets .signum, for the script to stop where it can save;
+    acknowledge(signum) gives a line to print at once. A second signal raises Stopped, and ends
+    the process within exit_within_s seconds whatever hangs. passed_on: under torchrun, the same
+    signal again within REPEAT_S seconds is torchrun's copy, not a second one."""
 
     REPEAT_S = 5.0
 
@@ -58,7 +54,7 @@ class StopRequests:
 
     def __enter__(self):
         self.previous = {}
-        if threading.current_thread() is threading.main_thread():  # the only one signals reach
+        if threading.current_thread() is threading.main_thread():  # where signals arrive
             self.previous = {s: signal.signal(s, self.request) for s in STOP_SIGNALS}
         return self
 
@@ -94,33 +90,33 @@ def exit_now(status):
 
 def again(signum):
     """How to stop at once after a first signal, for its acknowledgement."""
-    return "Ctrl-C again to stop at once" if signum == signal.SIGINT else "a second signal stops at once"
+    if signum == signal.SIGINT:
+        return "Ctrl-C again to stop at once"
+    return "a second signal stops at once"
 
 
 def leave_a_closed_terminal():
-    """After a SIGHUP, a write to the closed terminal fails (EIO) and would end the script before
-    it saves: what goes to that terminal goes to /dev/null instead."""
+    """After a SIGHUP, what goes to a closed terminal (EIO) goes to /dev/null instead."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            termios.tcgetattr(stream)  # fails with ENOTTY on a file or a pipe, EIO once closed
+            termios.tcgetattr(stream)  # EIO once the terminal closed
         except termios.error as e:
             if e.args[0] == errno.EIO:
                 to_devnull(stream)
-        except (OSError, ValueError):  # no file descriptor at all (output captured in memory)
+        except (OSError, ValueError):  # not a terminal
             pass
 
 
 def to_devnull(stream):
-    """What is written to stream from now on, and what it still buffers, goes to /dev/null."""
+    """What stream gets from now on goes to /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, stream.fileno())
     os.close(devnull)
 
 
 class quiet_when_closed:
-    """Within it, a stdout whose reader went away (`python train.py | head`) costs nothing: what
-    follows goes to /dev/null, and on_close() is called once, for the script to stop where it
-    can save its work. Without it, the next print would end the script."""
+    """Within it, when stdout's reader goes away (`python train.py | head`), what follows goes
+    to /dev/null and on_close() is called once, instead of the next print ending the script."""
 
     def __init__(self, on_close):
         self.on_close, self.closed = on_close, False
@@ -145,7 +141,7 @@ class quiet_when_closed:
                 self.on_close()
             return None
 
-    def __getattr__(self, name):  # the rest is the stream's own (fileno, isatty, encoding, ...)
+    def __getattr__(self, name):  # the rest is the stream's
         return getattr(self.stream, name)
 
     def __exit__(self, *exc_info):
@@ -159,8 +155,8 @@ def raise_stopped(signum, frame):
 
 
 def main(entry):
-    """Wraps a script's `entry(argv)` (argv defaults to sys.argv[1:]) to return its exit status.
-    SIGTERM, SIGHUP and SIGUSR1 unwind as Ctrl-C does, so that `with` statements clean up."""
+    """Wraps a script's entry(argv) to return its exit status; the stop signals unwind as Ctrl-C
+    does."""
 
     @functools.wraps(entry)
     def wrapped(argv=None):
@@ -177,10 +173,10 @@ def main(entry):
             print("stopped by SIGINT", file=sys.stderr)
             return 128 + signal.SIGINT
         except Stopped as e:
-            if str(e):  # empty for the DDP processes that leave the talking to rank 0
+            if str(e):  # empty for DDP processes but rank 0
                 print(e, file=sys.stderr)
             return 128 + e.signum
-        except BrokenPipeError:  # `python sample.py ... | head`: the reader has what it wanted
+        except BrokenPipeError:  # `python sample.py | head`: the reader has what it wanted
             to_devnull(sys.stdout)
             return 128 + signal.SIGPIPE
         finally:
@@ -203,9 +199,8 @@ ADVICE = {  # what to do when a write fails, by errno
 
 
 def write_atomically(path, write, size=0):
-    """Calls write(f) on path.tmp, then renames it to path. A failure removes path.tmp and leaves
-    a previous file whole; a disk problem becomes one UserError. size, the bytes about to be
-    written, lets a full disk be seen before anything is written."""
+    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size lets
+    a full disk be seen before writing."""
     tmp_path = path + ".tmp"
     folder = os.path.dirname(os.path.abspath(path))
     if size and os.path.isdir(folder) and shutil.disk_usage(folder).free < size:
@@ -214,7 +209,7 @@ def write_atomically(path, write, size=0):
         with open(tmp_path, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())  # on disk before the rename, should the power go
+            os.fsync(f.fileno())  # on disk before the rename
         os.replace(tmp_path, path)
     except BaseException as e:
         with suppress(OSError):
@@ -229,17 +224,15 @@ def write_atomically(path, write, size=0):
 
 
 def stop_within(error):
-    """The Stopped or KeyboardInterrupt along the chain of causes of error: torch.save, stopped
-    by a second signal inside a write, reports a RuntimeError of its own. None otherwise."""
+    """The Stopped or KeyboardInterrupt that error's chain holds (torch.save wraps it)."""
     while error is not None and not isinstance(error, (Stopped, KeyboardInterrupt)):
         error = error.__cause__ or error.__context__
     return error
 
 
 def write_problem(path, error, size=0):
-    """'cannot write PATH: cause; advice', or None for an error that is not the disk's. torch.save
-    says a disk is full with a RuntimeError without errno: one counts when the free space is below
-    size."""
+    """'cannot write PATH: cause; advice', or None for an error not the disk's (torch.save's
+    RuntimeError counts as a full disk when the free space is below size)."""
     if isinstance(error, OSError) and error.errno is not None:
         code, cause = error.errno, error.strerror.lower()
     else:

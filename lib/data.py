@@ -1,7 +1,6 @@
 """
-The data folder: train.bin and val.bin (flat uint16 GPT-2 token ids, nanoGPT's layout) and
-meta.json, as prepare_wikipedia.py writes them. A run checks them before it starts, identifies
-them by their sha256, and holds a shared lock on the folder so that no preparation rewrites it.
+The data folder of prepare_wikipedia.py: train.bin and val.bin (uint16 GPT-2 token ids) and
+meta.json. A run checks it, identifies it by sha256, and holds a shared lock on it.
 """
 
 import fcntl
@@ -21,9 +20,8 @@ SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so fir
 
 
 def check_data(data_dir, block_size, vocab_size):
-    """Refuse data that would fail mid-run: missing, damaged or short files, token ids beyond the
-    vocabulary, a train.bin and val.bin of two preparations. Returns the data's identity,
-    {"data_dir", "train_sha256", "val_sha256"}, checked against meta.json where there is one."""
+    """Refuse data that would fail mid-run; returns its identity: data_dir and the sha256s,
+    checked against meta.json's."""
     meta_path = os.path.join(data_dir, "meta.json")
     meta, identity = {}, {"data_dir": data_dir}
     if os.path.isfile(meta_path):
@@ -38,7 +36,7 @@ def check_data(data_dir, block_size, vocab_size):
             command = PREPARE_COMMANDS.get(os.path.normpath(data_dir),
                                            f"python prepare_wikipedia.py --out_dir {data_dir}")
             raise UserError(f"no data at {path} — run `{command}` first")
-        if not meta:  # nothing says how the file was made: make sure it is not something else
+        if not meta:  # nothing says how the file was made
             check_format(path)
         n_bytes = os.path.getsize(path)
         if n_bytes % 2:
@@ -78,8 +76,7 @@ def short_identity(identity):
 
 
 def stamps(data_dir):
-    """{file name: (size, modification time), or None if missing}: a cheap check, at each
-    evaluation, that nothing rewrote the data since the run hashed it."""
+    """{file name: (size, mtime) or None}: a cheap check that nothing rewrote the data."""
     found = {}
     for name in ("train.bin", "val.bin", "meta.json"):
         try:
@@ -91,11 +88,8 @@ def stamps(data_dir):
 
 
 def lock_data_dir(data_dir, shared):
-    """The lock on data_dir/data.lock between the runs that read a folder, which hold it shared
-    (LOCK_SH) while they train, and prepare_wikipedia.py, which holds it exclusively (LOCK_EX)
-    while it writes. Neither waits: returns the open lock file, held until closed or its process
-    ends, or None when the lock is held the other way. A reader that cannot write the folder
-    opens an existing lock file read-only; OSError where none can be opened."""
+    """data_dir/data.lock, held shared by runs and exclusively by prepare_wikipedia.py. Returns
+    the open, locked file, or None when it is held the other way (no one waits)."""
     path = os.path.join(data_dir, DATA_LOCK)
     try:
         lock = open(path, "a+")
@@ -112,8 +106,7 @@ def lock_data_dir(data_dir, shared):
 
 
 def hold_for_reading(data_dir):
-    """A run's shared lock on its data folder, refused while a preparation writes it. None where
-    no lock file can be opened (a read-only folder): the run relies on stamps() alone."""
+    """A run's shared lock on its data; None where no lock file can be opened."""
     try:
         lock = lock_data_dir(data_dir, shared=True)
     except OSError:
@@ -126,9 +119,8 @@ def hold_for_reading(data_dir):
 
 
 def check_format(path):
-    """Refuse a .bin that holds int32 or int64 ids (of a vocabulary below 65,536, their upper
-    halves are zeros) or text, read from its start. Token data has neither pattern: its common
-    tokens give zero bytes that text has not, and its tokens vary at every position."""
+    """Refuse a .bin of int32 or int64 ids (whose upper halves are zeros) or of text (no zero
+    byte), which uint16 token data never looks like."""
     head = np.fromfile(path, dtype=np.uint8, count=1 << 20)
     found = None
     for width, name in ((4, "int64"), (2, "int32")):  # uint16 words per token id

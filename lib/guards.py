@@ -1,7 +1,6 @@
 """
-The run's guards, each a call named by what it protects. launched() holds what a launch must undo
-(the process group, the locks, the signal handlers); the others return a verdict or raise, and
-the run's state stays in train.py, which passes it in.
+The run's guards, each named by what it protects. launched() holds what a launch must undo; the
+others return a verdict or raise, and the run's state stays in train.py, which passes it in.
 """
 
 import contextlib
@@ -15,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from lib import checkpoint, cli, data, log, machine
+from lib import checkpoint, cli, data, log
 from lib.cli import UserError
 
 DIVERGED_NATS = 1.0  # an evaluation this far above the best holds no state worth resuming
@@ -27,11 +26,9 @@ DIVERGED_NATS = 1.0  # an evaluation this far above the best holds no state wort
 
 @contextlib.contextmanager
 def launched(config, acknowledge, as_script=False):
-    """Joins the process group under torchrun; rank 0 locks the data folder, checks the data and
-    claims out_dir; then stop signals wait for the step under way (cli.StopRequests, whose first
-    signal prints acknowledge(signum)). Yields (rank, world_size, device, data identity, data
-    stamps, stop). After a failure, an out_dir this launch made and never saved to is removed.
-    as_script: train.py's own process, which a second signal ends within seconds."""
+    """Joins the process group (torchrun); rank 0 locks and checks the data and claims out_dir;
+    stop signals then wait for the step (cli.StopRequests). Yields (rank, world_size, device,
+    data identity, data stamps, stop). A failed launch removes the out_dir it made."""
     rank, world_size, device = setup_distributed(config)
     ddp, out_lock = world_size > 1, None
     with contextlib.ExitStack() as undo:
@@ -44,14 +41,11 @@ def launched(config, acknowledge, as_script=False):
                     data_lock = data.hold_for_reading(config["data_dir"])
                     if data_lock:  # None where no lock file can be opened
                         undo.callback(data_lock.close)
-                    stamps = data.stamps(config["data_dir"])  # before hashing, which takes time
+                    stamps = data.stamps(config["data_dir"])  # before hashing: it takes time
                     identity = data.check_data(config["data_dir"], config["block_size"],
                                                config["vocab_size"])
                     out_lock = claim_out_dir(config)
                     undo.callback(out_lock.close)
-                    busy = device == "cpu" and machine.busy_cpu_note()
-                    if busy:
-                        print(busy, file=sys.stderr)
             stop = undo.enter_context(cli.StopRequests(
                 acknowledge if rank == 0 else None, passed_on=ddp,
                 exit_within_s=10.0 if as_script else None))
@@ -71,16 +65,17 @@ def launched(config, acknowledge, as_script=False):
                 where = "the GPU" if device.startswith("cuda") else "this machine"
                 raise UserError(f"out of memory: a micro-step of {config['batch_size']} sequences "
                                 f"of {config['block_size']} tokens does not fit in {where}; lower "
-                                "--batch_size (and raise --gradient_accumulation_steps to keep the "
-                                "tokens per step) or --block_size") from None
+                                "--batch_size (raising --gradient_accumulation_steps to match) or "
+                                "--block_size") from None
             raise
 
 
 def setup_distributed(config):
-    """(rank, world_size, device); under torchrun (RANK set) joins the process group."""
+    """(rank, world_size, device); under torchrun (RANK set), in the process group."""
     if "RANK" not in os.environ:
         return 0, 1, config["device"]
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
     if config["device"].startswith("cuda"):
         device, backend = f"cuda:{local_rank}", config["backend"]
         torch.cuda.set_device(device)
@@ -92,7 +87,7 @@ def setup_distributed(config):
 
 @contextlib.contextmanager
 def rank0_decides(ddp):
-    """Within it, the UserError rank 0 meets becomes every process's, so that all stop together."""
+    """The UserError rank 0 meets within it is every process's: all stop together."""
     problem = None
     try:
         yield
@@ -111,13 +106,12 @@ def rank0_decides(ddp):
 
 
 class FolderLock:
-    """This process's lock on folder/name, a file that names the holder. The kernel's (flock):
-    it ends with its process, however that dies. The folder is made if need be; undo() removes
-    what the lock made, while nothing else was written there."""
+    """This process's flock on folder/name, a file naming the holder; it ends with its process,
+    however that dies. undo() removes what the lock made while nothing else was written."""
 
     def __init__(self, folder, name, program, option):
         self.folder, self.path = folder, os.path.join(folder, name)
-        made = []  # the folders makedirs is about to create, the deepest first
+        made = []  # the folders makedirs is about to create, deepest first
         parent = os.path.abspath(folder)
         while not os.path.exists(parent):
             made.append(parent)
@@ -155,9 +149,8 @@ class FolderLock:
         self.file.close()
 
     def undo(self, fresh_run=False):
-        """Unlock, and remove what the lock made if nothing was written since keep(). fresh_run:
-        a new run's own log.jsonl counts as nothing, so that a run that failed before its first
-        checkpoint leaves no folder that the next run would refuse."""
+        """Unlock; remove what the lock made if nothing was written since keep(). fresh_run: a
+        new run's own log.jsonl counts as nothing, so that the next run is not refused."""
         written = {name for name, size in self.contents().items()
                    if self.untouched.get(name) != size}
         if fresh_run and written == {"log.jsonl"} and "log.jsonl" not in self.untouched:
@@ -171,13 +164,14 @@ class FolderLock:
 
 
 def claim_out_dir(config):
-    """Make and lock out_dir; a new run refuses a folder that holds a run, unless overwrite."""
+    """Make and lock out_dir; a new run refuses one that holds a run, unless overwrite."""
     out_dir = config["out_dir"]
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
-    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a save that was killed (kill -9)
+    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a killed save
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out_dir, name))
-    existing = [name for name in checkpoint.RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
+    existing = [name for name in checkpoint.RUN_FILES
+                if os.path.exists(os.path.join(out_dir, name))]
     if config["init_from"] == "scratch" and existing:
         names = ", ".join(existing)
         if not config["overwrite"]:
@@ -201,14 +195,14 @@ def claim_out_dir(config):
 
 
 def good_state(last_good):
-    """'iteration 40, val loss 5.4321': the state ckpt.pt holds (val loss unknown on resume)."""
+    """'iteration 40, val loss 5.4321': the state in ckpt.pt."""
     iteration, val_loss = last_good
     return f"iteration {iteration}" + (f", val loss {val_loss:.4f}" if val_loss is not None else "")
 
 
 def stop_diverged(what, config, last_good):
-    """Raises what went non-finite, the state to resume and a lower learning rate to resume it
-    with: half this run's, at most the write-ups' 9e-4."""
+    """Raises what went non-finite, the state to resume, and a lower learning rate: half this
+    run's, at most the write-ups' 9e-4."""
     lr = min(config["learning_rate"] / 2, 9e-4)
     flags = f"--learning_rate={lr:g}"
     if config["decay_lr"] and config["min_lr"] > lr:
@@ -224,8 +218,8 @@ def stop_diverged(what, config, last_good):
 
 
 def check_step(iteration, step, fp16, config, last_good):
-    """Stops before a step whose loss or gradient is not finite changes the weights. Under fp16
-    a non-finite gradient is the gradient scaler's: it skips the step and lowers its scale."""
+    """Stops before a non-finite loss or gradient changes the weights; under fp16, the gradient
+    scaler skips such a step itself."""
     values = [("loss", step["loss"]), *log.flat(step["aux"], "")]
     if not fp16:
         values.append(("gradient norm", step["grad_norm"]))
@@ -237,13 +231,13 @@ def check_step(iteration, step, fp16, config, last_good):
 
 
 def check_evaluation(iter_num, losses, best_val_loss, first_val_loss, config, last_good):
-    """Stops at non-finite losses and warns of a val loss above the first (the untrained
+    """Stops at non-finite losses, and warns of a val loss above the first (the untrained
     model's). Returns whether the run is diverging: DIVERGED_NATS or more above the best, a
     state not worth saving over the last good one."""
+    val_loss = losses["val_loss"]
     if not all(map(math.isfinite, losses.values())):
-        stop_diverged(f"non-finite losses at the evaluation of iteration {iter_num} "
-                      f"(train {losses['train']}, val {losses['val']})", config, last_good)
-    val_loss = losses["val"]
+        stop_diverged(f"non-finite losses at the evaluation of iteration {iter_num} (train "
+                      f"{losses['train_loss']}, val {val_loss})", config, last_good)
     if first_val_loss is not None and val_loss > first_val_loss:
         print(f"warning: val loss {val_loss:.4f} at iteration {iter_num} is above the run's "
               f"first evaluation's, {first_val_loss:.4f}: the run is diverging — try a lower "
@@ -257,8 +251,7 @@ def check_evaluation(iter_num, losses, best_val_loss, first_val_loss, config, la
 
 
 def check_state(state, config, last_good):
-    """Stops, writing nothing, when a state to save holds a weight or an AdamW value that is not
-    finite."""
+    """Stops, writing nothing, when a state to save holds a non-finite value."""
     bad = checkpoint.nonfinite_tensors(state)
     if bad:
         stop_diverged(f"iteration {state['iter_num']}: non-finite values in {bad[0]}", config,
@@ -266,11 +259,10 @@ def check_state(state, config, last_good):
 
 
 def check_data_unchanged(config, stamps):
-    """Stops when the data files changed since the run hashed them (their sizes and times)."""
+    """Stops when the data's sizes or times changed since the run hashed it."""
     if stamps is not None and data.stamps(config["data_dir"]) != stamps:
         raise UserError(f"the data in {config['data_dir']} changed during the run: stopped "
-                        f"without saving; {config['out_dir']}/ckpt.pt keeps the state trained on "
-                        "the data the run started with — resume on that, or with --new_data=True")
+                        "without saving — resume on the first data, or with --new_data=True")
 
 
 # --------------------------------------------------------------------------------------
@@ -278,13 +270,13 @@ def check_data_unchanged(config, stamps):
 
 
 def acknowledgement(signum, under_way):
-    """The line a first signal gets at once: what the stop waits for, which may take minutes."""
+    """The line a first signal gets at once: what the stop waits for."""
     name = signal.Signals(signum).name
     return f"{name}: stopping after {under_way} with its state saved; {cli.again(signum)}"
 
 
 def stop_requested(stop, ddp, device):
-    """The stop signal any process got, the same on all of them (a collective under DDP)."""
+    """The stop signal any process got, agreed by all (a collective under DDP)."""
     signum = stop.signum
     if ddp:
         flag = torch.tensor([signum or 0], device=device)
@@ -294,9 +286,9 @@ def stop_requested(stop, ddp, device):
 
 
 def stopped(signum, iter_num, config, last_good, diverging, master):
-    """The cli.Stopped to raise once the state is saved: what ckpt.pt holds, and how to go on."""
+    """The cli.Stopped to raise once saved: what ckpt.pt holds, and how to go on."""
     saved = f"saved {config['out_dir']}/ckpt.pt"
-    if diverging:  # the state since the last good one diverged: ckpt.pt keeps that one
+    if diverging:
         saved = f"{config['out_dir']}/ckpt.pt keeps {good_state(last_good)}, the last good state"
     note = (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: {saved}; "
             "continue with the same command and --init_from=resume")

@@ -1,14 +1,8 @@
 """
-The run's log: each record rank 0 makes is printed as one console line, appended to
-out_dir/log.jsonl as one JSON line, and sent to Weights & Biases when the run asks for it.
-
-    start      one per launch: the model, its parameters, the config, the data's identity
-    train      every log_interval steps: cross_entropy, each auxiliary loss under aux, and loss,
-               their weighted sum, which is what the gradients come from; lr, grad_norm, speed
-    eval       every eval_interval steps: train_loss and val_loss, both plain cross-entropy
-    eval_only  one per --eval_only launch, kept apart from the run's own evaluations
-
-The JSON is strict: a non-finite number is written as null and named under "nonfinite".
+The run's log: rank 0 prints each record as a line and appends it to out_dir/log.jsonl (and to
+Weights & Biases if asked). Records: "start" per launch; "train" every log_interval steps, with
+cross_entropy, each auxiliary loss under aux, and loss, their weighted sum that the gradients
+come from; "eval" (train_loss and val_loss, cross-entropy); "eval_only" per --eval_only launch.
 """
 
 import json
@@ -20,8 +14,7 @@ from lib.cli import UserError, write_problem
 
 
 def console_line(record):
-    """The line a record prints. A step's cross-entropy comes first, as the evaluations' losses
-    are cross-entropy too; the auxiliary losses and their total follow."""
+    """A record's console line; a step's cross-entropy first, like the evaluations' losses."""
     kind = record["type"]
     if kind == "start":
         c = record["config"]
@@ -46,7 +39,7 @@ def console_line(record):
 
 
 def start_wandb(config):
-    """Weights & Biases' run, when the config asks for one (settings.check made sure of wandb)."""
+    """Weights & Biases' run if the config asks for one."""
     if not config["wandb_log"]:
         return None
     import wandb
@@ -56,25 +49,37 @@ def start_wandb(config):
 
 
 def start(path, config, model_args, model, world_size, iter_num, data_identity):
-    """A launch's first record; after a launch killed mid-record, it starts a line of its own."""
+    """A launch's first record, on a line of its own after a launch killed mid-record."""
     end_line(path)
-    tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-    write(path, dict(type="start", model_type=config["model_type"], num_params=model.get_num_params(),
-                     world_size=world_size, tokens_per_iter=tokens_per_iter, iter_num=iter_num,
+    write(path, dict(type="start", model_type=config["model_type"],
+                     num_params=model.get_num_params(), world_size=world_size,
+                     tokens_per_iter=tokens_per_iter(config), iter_num=iter_num,
                      init_from=config["init_from"], config=config, model_args=model_args,
                      data=data_identity))
 
 
+def evaluation(path, iter_num, losses, best_val_loss, wandb):
+    """An eval record; returns whether val improved on best_val_loss. It is written before the
+    checkpoints: after a kill before they are saved, the resumed launch's records replace it."""
+    improved = math.isfinite(losses["train_loss"]) and losses["val_loss"] < best_val_loss
+    best = losses["val_loss"] if improved else best_val_loss
+    record = dict(type="eval", iter=iter_num, **losses, best_val_loss=best, best=improved)
+    write(path, record, wandb)
+    return improved
+
+
 def step(path, iter_num, numbers, lr, dt, config, mfu, wandb):
-    """A train record: the step's numbers (train.forward_backward's), the learning rate, and the
-    speed over the steps since the last record, dt seconds each."""
-    tokens_per_iter = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    """A train record: the step's numbers, the learning rate, and dt seconds per step."""
     write(path, dict(type="train", iter=iter_num, **numbers, lr=lr, ms_per_iter=dt * 1000,
-                     tokens_per_s=tokens_per_iter / dt, mfu=mfu), wandb)
+                     tokens_per_s=tokens_per_iter(config) / dt, mfu=mfu), wandb)
+
+
+def tokens_per_iter(config):
+    return config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
 
 
 def write(path, record, wandb=None):
-    """Print a record's line, append it to the log, and send its numbers to wandb if given."""
+    """Print a record's line, append it to the log, and send its numbers to wandb."""
     print(console_line(record))
     append(path, record)
     if wandb and record["type"] in ("train", "eval"):
@@ -82,9 +87,8 @@ def write(path, record, wandb=None):
 
 
 def append(path, record):
-    """Append one record, with the time, as a line of strict JSON: a non-finite number (which jq
-    and JavaScript reject) becomes null, and its name goes under "nonfinite", as in
-    ["val_loss"] or ["aux/future_attn_loss_per_layer/2"]."""
+    """Append a record and the time as strict JSON: a non-finite number becomes null, its name
+    listed under "nonfinite" (e.g. "aux/future_attn_loss_per_layer/2")."""
     nonfinite = []
     record = dict(finite_only(record, "", nonfinite), time=time.time())
     if nonfinite:
@@ -97,7 +101,7 @@ def append(path, record):
 
 
 def end_line(path):
-    """A launch killed mid-record leaves a partial last line: the next records start a new one."""
+    """After a partial last line (a launch killed mid-record), start a new one."""
     if os.path.isfile(path) and os.path.getsize(path):
         with open(path, "rb+") as f:
             f.seek(-1, os.SEEK_END)
@@ -106,7 +110,7 @@ def end_line(path):
 
 
 def finite_only(value, name, nonfinite):
-    """value with every non-finite float replaced by None; their names are added to nonfinite."""
+    """value with each non-finite float None, its name added to nonfinite."""
     if isinstance(value, float) and not math.isfinite(value):
         nonfinite.append(name)
         return None
@@ -119,8 +123,7 @@ def finite_only(value, name, nonfinite):
 
 
 def flat(value, name):
-    """(name/key/..., number) for every number in nested dicts and lists; a list's items are
-    numbered from 1, as a per-layer loss's layers are."""
+    """(name/key/..., number) for each number in nested dicts and lists (items from 1)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         yield name, value
     elif isinstance(value, (dict, list)):

@@ -1,11 +1,7 @@
 """
 The machine a run meets: the device and dtype a setting names must exist; a GPU's peak FLOP/s
-for model FLOPs utilization (MFU); and a CPU too small or too busy for the run, said at once.
+for model FLOPs utilization (MFU); and a run sized for a GPU on a CPU, said at once.
 """
-
-import os
-import sys
-import time
 
 import torch
 
@@ -22,7 +18,6 @@ PEAK_FLOPS = (
     ("A100", 312e12),  # SXM and PCIe alike
 )
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 (else fp16) on CUDA, fp32 on CPU
-BUSY_CORES = 0.5  # other processes busy on this many cores or more: a run is slower than idle
 
 
 def check_device(device, dtype="auto"):
@@ -54,40 +49,15 @@ def peak_flops(device):
     return None
 
 
-def warn_if_slow_on_cpu(config, flops_per_step):
-    """Say at once when a run sized for a GPU starts on a CPU, before compiling and the first
-    evaluation spend minutes there."""
-    if flops_per_step > 1e12:
-        print(f"note: one optimizer step is {flops_per_step / 1e12:,.0f} TFLOP, sized for a GPU: "
-              "minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
+def speed_notes(config, device, flops_per_token):
+    """The GPU's peak FLOP/s for MFU (None on a CPU), and on a CPU what a run sized for a GPU
+    costs, said at once: compiling and the first evaluation take minutes there."""
+    if device != "cpu":
+        return peak_flops(device)
+    tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    if flops_per_token * tokens > 1e12:
+        print(f"note: one optimizer step is {flops_per_token * tokens / 1e12:,.0f} TFLOP, sized "
+              "for a GPU: minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
     if config["compile"]:
-        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips it")
-
-
-def cpu_times():
-    """(busy, total) ticks of all cores since boot: /proc/stat's first line, whose fields are
-    user, nice, system, idle, iowait, ...; idle and iowait are the idle ones."""
-    with open("/proc/stat") as f:
-        ticks = [int(field) for field in f.readline().split()[1:8]]
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
-
-
-def busy_cpu_note(seconds=0.25, read=cpu_times):
-    """A note when other processes keep cores of this CPU busy, measured over `seconds` before
-    this process starts its work: the run will be slower (no thread count made it faster when
-    we measured). None on an idle machine, without /proc/stat, or when stderr is not a terminal
-    (a log file or a pipe gets no note)."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        busy_before, total_before = read()
-        time.sleep(seconds)
-        busy_after, total_after = read()
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    busy = cores * (busy_after - busy_before) / max(total_after - total_before, 1)
-    if busy < BUSY_CORES:
-        return None
-    return (f"note: other processes keep {busy:.1f} of this machine's {cores} cores busy: "
-            "this run will be slower than on an idle machine")
+        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips")
+    return None

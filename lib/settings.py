@@ -1,15 +1,17 @@
 """
 What train.py's settings mean beyond their values: the three models and their own fields (each
-model's GPTConfig), the one check of a whole config, and the precision a dtype setting chooses.
+GPTConfig's), the one check of a whole config, and the precision a dtype chooses.
 """
 
 import dataclasses
 import importlib.util
 import json
+import os
 from contextlib import nullcontext
 
 import torch
 
+import configurator
 import model_baseline
 import model_encdec
 import model_future_attn
@@ -19,8 +21,36 @@ from lib.cli import ConfigError
 MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
 
 
+# what the settings must be: (keys, test, the rule as a message says it)
+RULES = [
+    (("init_from",), lambda value: value in ("scratch", "resume"), "'scratch' or 'resume'"),
+    (("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"),
+     lambda value: value >= 1, "at least 1"),
+    (("learning_rate",), lambda value: value > 0, "> 0"),
+    (("beta1", "beta2"), lambda value: 0 <= value < 1, "in [0, 1)"),
+    (("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"),
+     lambda value: value >= 0, ">= 0"),
+]
+
+
+def get_config(defaults, argv, script_keys=(), check_model=False):
+    """The config of argv over defaults and the chosen model's fields (configurator.merge),
+    checked. script_keys: the calling script's own keys. check_model: the model's checks too."""
+    files, overrides = configurator.parse(argv)
+    # the keys depend on the model, so model_type comes first: flag, else file, else default
+    model_type = files.get("model_type", defaults["model_type"])
+    if "model_type" in overrides:
+        model_type = configurator.read_flag("model_type", overrides["model_type"], "")
+    config = configurator.merge(with_model_fields(defaults, model_type), files, overrides,
+                                script_keys)
+    paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+    check(config, world_size, check_model, files=paths)
+    return config
+
+
 def with_model_fields(defaults, model_type):
-    """defaults plus the fields of the chosen model's GPTConfig, with their own defaults."""
+    """defaults plus the chosen model's GPTConfig fields, with their defaults."""
     if model_type not in MODELS:
         raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, "
                           f"got {model_type!r}")
@@ -31,25 +61,11 @@ def with_model_fields(defaults, model_type):
 
 
 def check(config, world_size=1, check_model=False, files=()):
-    """Refuse, in one ConfigError, the settings that would fail mid-run or train on nonsense.
-    check_model: the model's own checks too (its GPTConfig), naming the config files read."""
-    problems = []
-    if config["init_from"] not in ("scratch", "resume"):
-        problems.append(f"init_from must be 'scratch' or 'resume', got {config['init_from']!r}")
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters",
-                "log_interval"):
-        if config[key] < 1:
-            problems.append(f"{key} must be at least 1, got {config[key]}")
-    if config["learning_rate"] <= 0:
-        problems.append(f"learning_rate must be > 0, got {config['learning_rate']}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= config[key] < 1:
-            problems.append(f"{key} must be in [0, 1), got {config[key]}")
-    for key in ("seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
-        if config[key] < 0:
-            problems.append(f"{key} must be >= 0, got {config[key]}")
+    """Refuse, in one ConfigError, settings that would fail mid-run or train on nonsense.
+    check_model: the model's own checks too, naming the config files read."""
+    problems = [f"{key} must be {rule}, got {config[key]!r}"
+                for keys, ok, rule in RULES for key in keys if not ok(config[key])]
     if config["decay_lr"] and config["warmup_iters"] >= config["lr_decay_iters"]:
-        # the cosine divides by lr_decay_iters - warmup_iters
         problems.append(f"warmup_iters ({config['warmup_iters']}) must be below lr_decay_iters "
                         f"({config['lr_decay_iters']}), or set --decay_lr=False")
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:
@@ -73,7 +89,7 @@ def check(config, world_size=1, check_model=False, files=()):
 
 
 def model_args_of(config):
-    """The chosen model's GPTConfig fields, as the dataclass resolves them (None defaults filled)."""
+    """The chosen model's GPTConfig fields, as the dataclass resolves them."""
     module = MODELS[config["model_type"]]
     args = {field.name: config[field.name] for field in dataclasses.fields(module.GPTConfig)}
     try:
@@ -83,9 +99,8 @@ def model_args_of(config):
 
 
 def saved_model_args(model_type, model_args):
-    """The GPTConfig fields a checkpoint or a log recorded, as this version resolves them: a field
-    added since then takes its default, so an older run still compares equal to one configured
-    now. The record as it is where the fields do not fit this model."""
+    """Recorded GPTConfig fields as this version resolves them: a field added since takes its
+    default, so an older run compares equal; the record itself if it does not fit."""
     try:
         fields = dataclasses.asdict(MODELS[model_type].GPTConfig(**model_args))
         return json.loads(json.dumps(fields))
@@ -94,13 +109,13 @@ def saved_model_args(model_type, model_args):
 
 
 def build_model(model_type, model_args):
-    """The GPT of model_<model_type>.py with these GPTConfig fields, freshly initialized."""
+    """A fresh GPT of model_<model_type>.py with these GPTConfig fields."""
     module = MODELS[model_type]
     return module.GPT(module.GPTConfig(**model_args))
 
 
 def autocast_for(dtype, device_type):
-    """(dtype name, autocast context); 'auto' is bf16 (fp16 if unsupported) on CUDA, fp32 on a CPU."""
+    """(dtype name, autocast context); 'auto' is bf16 (or fp16) on CUDA, fp32 on a CPU."""
     if dtype == "auto" and device_type == "cuda":
         dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if dtype in ("auto", "float32"):

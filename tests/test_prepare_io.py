@@ -18,14 +18,16 @@ def test_writing_turns_a_failed_write_into_one_line(tmp_path):
     with pytest.raises(UserError) as e:
         with prepare_io.writing(target, after_failure="no output written under the final names"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target + ".tmp")
-    assert str(e.value) == (f"cannot write {target}.tmp: no space left on device; free some space on that disk, "
-                            f"or write to another one; no output written under the final names")
+    assert str(e.value) == (f"cannot write {target}.tmp: no space left on device; free some space "
+                            "on that disk, or write to another one; no output written under the "
+                            "final names")
     with prepare_io.writing(target):  # nothing failed: nothing said
         pass
 
 
 def test_progress_rewrites_one_line_and_ends_it_with_the_last_numbers(capsys, monkeypatch):
-    clock = iter([100.0, 100.0, 100.0, 100.1, 100.3, 100.3])  # enter; each show reads the time, once more if shown
+    # enter; each show reads the time, once more if shown
+    clock = iter([100.0, 100.0, 100.0, 100.1, 100.3, 100.3])
     monkeypatch.setattr(prepare_io.time, "time", lambda: next(clock))
     with prepare_io.Progress() as progress:
         progress.show("1 of 3")  # shown: the first

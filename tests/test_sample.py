@@ -18,7 +18,6 @@ import model_encdec
 import model_future_attn
 import sample
 import train
-from lib import machine
 from lib.checkpoint import model_from_checkpoint
 from lib.checkpoint import load_checkpoint
 from conftest import argv_for, flip_bits, last_error
@@ -102,16 +101,6 @@ def test_a_long_generation_shows_its_progress(trained_runs, monkeypatch, capsys)
     assert sample.main(argv) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[1:] == ["5 of 12 tokens, 1.0 tokens/s, about 7 s left", "10 of 12 tokens, 1.0 tokens/s, about 2 s left"]
-
-
-def test_sample_says_once_that_the_cpu_is_busy(trained_runs, monkeypatch, capsys):
-    # the measurement is test_settings.py's; here, that the note is said once, on stderr
-    note = "note: other processes keep 1.0 of this machine's 2 cores busy"
-    monkeypatch.setattr(machine, "busy_cpu_note", lambda: note)
-    argv = [f"--out_dir={trained_runs['baseline']}", "--device=cpu", "--num_samples=3", "--max_new_tokens=2"]
-    assert sample.main(argv) == 0
-    out, err = capsys.readouterr()
-    assert err.count(note) == 1 and note not in out
 
 
 @pytest.mark.parametrize("module, options", [(model_baseline, {}), (model_future_attn, dict(future_dim=3)),

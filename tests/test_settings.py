@@ -8,9 +8,6 @@ Run: python -m pytest -q test_settings.py
 
 import glob
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -193,52 +190,12 @@ def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
         with torch.device("meta"):  # the FLOP count needs the shapes only
             model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
         tokens_per_step = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        machine.warn_if_slow_on_cpu(config, model.flops_per_token() * tokens_per_step)
+        assert machine.speed_notes(config, "cpu", model.flops_per_token()) is None  # no MFU on a CPU
         out = capsys.readouterr().out
         # 800 sequences of 200 tokens, 108,000 FLOPs per token: 17.3 TFLOP
         tflop = model.flops_per_token() * tokens_per_step / 1e12
         assert (f"note: one optimizer step is {tflop:.0f} TFLOP, sized for a GPU: minutes per step on "
                 "a CPU; for a first run there use config/tiny_cpu.py" in out) == slow, out
-
-
-def reads(*samples):
-    """A stand-in for machine.cpu_times that gives these (busy, total) ticks, one per call."""
-    samples = iter(samples)
-    return lambda: next(samples)
-
-
-@pytest.mark.parametrize("before, after, cores, busy", [
-    ((1000, 5000), (1002, 5050), 2, None),  # 2 busy ticks of 50: 0.08 cores, an idle machine
-    ((1000, 5000), (1025, 5050), 2, "1.0"),  # one core of two
-    ((1000, 5000), (1050, 5050), 2, "2.0"),
-    ((0, 0), (30, 800), 8, None),  # 0.3 cores of 8
-    ((0, 0), (300, 800), 8, "3.0"),
-])
-def test_the_busy_cpu_note_speaks_only_when_other_processes_hold_cores(before, after, cores, busy,
-                                                                        monkeypatch):
-    monkeypatch.setattr(machine.os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(machine.sys.stderr, "isatty", lambda: True)
-    note = machine.busy_cpu_note(seconds=0, read=reads(before, after))
-    if busy is None:
-        assert note is None
-    else:
-        assert note == (f"note: other processes keep {busy} of this machine's {cores} cores busy: "
-                        "this run will be slower than on an idle machine")
-    monkeypatch.setattr(machine.sys.stderr, "isatty", lambda: False)  # a log file gets no note
-    assert machine.busy_cpu_note(seconds=0, read=reads(before, after)) is None
-
-
-def test_the_busy_cpu_note_hears_a_real_busy_loop(monkeypatch):
-    # a loop that keeps one core busy: whatever else runs, at least that core is taken
-    monkeypatch.setattr(machine.sys.stderr, "isatty", lambda: True)
-    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)  # started and running
-        note = machine.busy_cpu_note(seconds=0.5)
-    finally:
-        loop.kill()
-        loop.wait()
-    assert note is not None and "cores busy" in note
 
 
 @pytest.mark.parametrize("name, flops", [

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import select
-import shlex
 import shutil
 import signal
 import subprocess
@@ -31,9 +30,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import report
 import train
-from lib import checkpoint, cli, data, guards, machine, settings
+from lib import checkpoint, cli, data, settings
 from lib.checkpoint import TRAINING_KEYS, model_from_checkpoint
-from lib.cli import ConfigError
 from lib.checkpoint import load_checkpoint
 from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
                       next_line_with, read_log, start, trained_to, wait_for)
@@ -426,7 +424,7 @@ def test_an_overfitting_run_resumes_from_its_latest_evaluation_not_its_best(data
 
     def overfitting(*args, **kwargs):
         losses = estimate(*args, **kwargs)
-        return dict(losses, val=val_at[next(iteration)])
+        return dict(losses, val_loss=val_at[next(iteration)])
 
     monkeypatch.setattr(train, "estimate_loss", overfitting)
     out_dir = tmp_path / "run"
@@ -461,15 +459,6 @@ def test_the_free_space_a_save_needs_counts_the_tied_weights_once(data_dir, tmp_
         assert 0.8 * written < asked[name] <= written, (name, asked[name], written)
 
 
-def test_a_busy_cpu_is_said_once_at_the_start(data_dir, tmp_path, monkeypatch, capsys):
-    # the measurement is test_settings.py's; here, that a run says it once, on stderr
-    note = "note: other processes keep 1.0 of this machine's 2 cores busy"
-    monkeypatch.setattr(machine, "busy_cpu_note", lambda: note)
-    assert train.main(argv_for(data_dir, tmp_path, max_iters=1)) == 0
-    out, err = capsys.readouterr()
-    assert err.count(note) == 1 and note not in out
-
-
 def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, monkeypatch, capsys):
     # a model too large for the memory fails at its first forward, the evaluation at iteration 0:
     # one line that says what to change, and no out_dir that the next run would refuse
@@ -484,9 +473,9 @@ def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, mon
     out_dir = tmp_path / "run"
     assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 1
     err = last_error(capsys)
-    assert err == (f"error: out of memory: a micro-step of 4 sequences of 16 "
-                   f"tokens does not fit in this machine; lower --batch_size (and raise "
-                   f"--gradient_accumulation_steps to keep the tokens per step) or --block_size\n")
+    assert err == ("error: out of memory: a micro-step of 4 sequences of 16 tokens does not fit in "
+                   "this machine; lower --batch_size (raising --gradient_accumulation_steps to match) "
+                   "or --block_size\n")
     assert not out_dir.exists()
     monkeypatch.setattr(module.GPT, "forward", forward)
     assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 0  # no --overwrite needed
@@ -703,7 +692,7 @@ def test_a_non_finite_evaluation_saves_nothing_and_logs_null(data_dir, tmp_path,
     def poisoned(*args, **kwargs):  # the second evaluation's val loss is NaN
         calls.append(1)
         losses = estimate_loss(*args, **kwargs)
-        return dict(losses, val=float("nan")) if len(calls) == 2 else losses
+        return dict(losses, val_loss=float("nan")) if len(calls) == 2 else losses
 
     monkeypatch.setattr(train, "estimate_loss", poisoned)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2)) == 1
@@ -726,7 +715,7 @@ def test_a_non_finite_weight_is_never_saved(data_dir, tmp_path, monkeypatch, cap
         if len(calls) == 2:
             with torch.no_grad():
                 next(model.parameters())[0, 0] = float("nan")
-        return dict(estimate_loss(model, *args, **kwargs), train=1.0, val=1.0 / len(calls))  # finite, and better
+        return dict(estimate_loss(model, *args, **kwargs), train_loss=1.0, val_loss=1.0 / len(calls))  # finite, and better
 
     monkeypatch.setattr(train, "estimate_loss", poisoning)
     assert train.main(argv_for(data_dir, tmp_path, max_iters=4, eval_interval=2)) == 1
