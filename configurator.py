@@ -1,9 +1,7 @@
 """
-Settings from the command line, `[config_file.py ...] [--key=value | --key value | --key ...]`,
-over a dict of defaults: `config = merge(defaults, *parse(sys.argv[1:]))`. A config file is plain
-Python; its simple values (bool, int, float, str, None) not named _... are taken. Flags win over
-files, and a flag alone means True. Every key needs a default and every value its default's type
-(an int passes for a float, anything for None), or merge raises one ConfigError saying why.
+Settings from `[config_file.py ...] [--key=value | --key value | --key ...]` over defaults:
+`config = merge(defaults, *parse(sys.argv[1:]))`. A config file is plain Python; flags win over
+files; a flag alone means True. A key needs a default, a value its default's type.
 """
 
 import ast
@@ -15,14 +13,13 @@ from lib.cli import ConfigError
 SIMPLE_TYPES = (bool, int, float, str, type(None))
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
 HELP_FLAGS = ("-h", "--help")
-# the flags of the scripts that do not read theirs here: given to the wrong script, they say
-# where they belong (test_configurator.py checks them against those scripts' --help)
+# other scripts' flags: given to the wrong script, they say where they belong
 PREPARE_KEYS = ("dataset", "input", "val", "detokenize", "num_proc", "max_chars", "url", "zip",
                 "split", "train_tokens", "val_tokens", "val_fraction", "retries")
 STUDY_KEYS = ("seeds", "out_root", "gpus", "report_only", "progress_s")
 KEYS_ELSEWHERE = {**dict.fromkeys(PREPARE_KEYS, "prepare_wikipedia.py"),
                   **dict.fromkeys(STUDY_KEYS, "study.py")}
-CHECKPOINT_KEYS = ("model_type",)  # sample.py's and visualize.py's checkpoint decides them
+CHECKPOINT_KEYS = ("model_type",)  # the checkpoint decides them in sample.py and visualize.py
 
 
 def wants_help(argv):
@@ -34,13 +31,13 @@ def without_help(argv):
 
 
 def usage(doc, config):
-    """A script's --help: its docstring, then every key with its value in config."""
+    """A script's --help: its docstring, then every key with its value."""
     keys = "\n".join(f"  --{key}={value!r}" for key, value in config.items())
     return f"{doc.strip()}\n\nkeys (--key=value or --key value), with their values:\n{keys}"
 
 
 def read_config_file(path):
-    """The simple values a Python config file defines, but those named _..."""
+    """The simple values (bool, int, float, str, None) a config file defines, but _names."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found (a config file is a .py path such as "
                           "config/tiny_cpu.py)")
@@ -58,9 +55,8 @@ def read_config_file(path):
 
 
 def normalize(argv, switches=None, keep=()):
-    """argv with each flag as one `--key=value`, or `--key` where no value follows. A value is
-    any next argument but a flag (`--seed -1` works). A key of switches (bench.py's profile=5)
-    alone means its value, and takes the next argument only if of its type. Flags in keep stay."""
+    """argv with each flag as one `--key=value` (`--key` alone if no value follows). A key of
+    switches alone means its value; flags in keep stay as they are."""
     switches, flags, rest = switches or {}, [], list(argv)
     while rest:
         arg = rest.pop(0)
@@ -71,7 +67,6 @@ def normalize(argv, switches=None, keep=()):
         following = rest[0] if rest and not rest[0].startswith("--") else None
         if key in switches:
             value = switches[key]
-            # `--compare False` takes False; `--compare config/x.py` does not
             takes_next = following is not None
             takes_next = takes_next and type(read_flag(key, following, value)) is type(value)
             flags.append(f"{arg}={rest.pop(0) if takes_next else value}")
@@ -81,7 +76,7 @@ def normalize(argv, switches=None, keep=()):
 
 
 def parse(argv, switches=None):
-    """(the config files' values, {key: the flag's text, or None for a flag alone})."""
+    """(the config files' values, {key: the flag's text, None for a flag alone})."""
     files, overrides = {}, {}
     for arg in normalize(argv, switches):
         if arg.startswith("--"):
@@ -95,7 +90,7 @@ def parse(argv, switches=None):
 
 
 def read_flag(key, text, default):
-    """The Python value of `--key=text`: text itself for a text key, True for a flag alone."""
+    """The value of `--key=text`: text for a text key, True for a flag alone."""
     if text is None:
         return True
     try:
@@ -115,7 +110,7 @@ def check_type(value, default):
 
 
 def unknown_key(key, known, program):
-    """What to say of a key without a default: whose it is, or the closest known key."""
+    """What to say of a key without a default."""
     if key in KEYS_ELSEWHERE:
         return f"{program} has no setting {key}; did you mean to pass it to {KEYS_ELSEWHERE[key]}?"
     if key in CHECKPOINT_KEYS:
@@ -127,8 +122,8 @@ def unknown_key(key, known, program):
 
 
 def merge(defaults, files, overrides, script_keys=(), program="train.py"):
-    """defaults updated with the files' values, then the flags, checked against the defaults.
-    script_keys, the calling script's own keys, are skipped but suggested for a misspelt key."""
+    """defaults updated with the files' values, then the flags, checked; script_keys, the
+    caller's own, are skipped."""
     config, problems = dict(defaults), []
     given = [(key, value, f"{key}={value!r} in the config file") for key, value in files.items()]
     for key, text in overrides.items():

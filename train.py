@@ -84,11 +84,9 @@ def get_batch(data_dir, split, generator, batch_size, block_size, device):
     """batch_size random windows of split.bin: x (B, T) and y, x shifted by one token."""
     # a fresh memmap per batch: a long-lived np.memmap leaks memory
     tokens = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).tolist()
-    x = torch.stack([torch.from_numpy(tokens[i:i + block_size].astype(np.int64))
-                     for i in starts])  # (B, T)
-    y = torch.stack([torch.from_numpy(tokens[i + 1:i + 1 + block_size].astype(np.int64))
-                     for i in starts])  # (B, T)
+    starts = torch.randint(len(tokens) - block_size, (batch_size, 1), generator=generator).numpy()
+    windows = torch.from_numpy(tokens[starts + np.arange(block_size + 1)].astype(np.int64))
+    x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
     if device.startswith("cuda"):
         # pinned memory lets the copy run while the GPU works
         x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
@@ -209,11 +207,7 @@ def train(config, as_script=False):
     """Trains as config says (in each process under torchrun); returns the model, iter_num and
     best_val_loss. A stop signal ends it after the step, state saved (cli.Stopped)."""
     under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
-
-    def acknowledge(signum):
-        return guards.acknowledgement(signum, under_way)
-
-    with guards.launched(config, acknowledge, as_script) as launch:
+    with guards.launched(config, lambda: under_way, as_script) as launch:
         rank, world_size, device, data_identity, data_stamps, stop = launch
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
         dtype, autocast = settings.autocast_for(config["dtype"], device.split(":")[0])
@@ -250,8 +244,6 @@ def train(config, as_script=False):
             iter_num, best_val_loss = saved["iter_num"], saved["best_val_loss"]
             last_eval_iter, first_val_loss = saved["last_eval_iter"], saved.get("first_val_loss")
             last_good = (iter_num, None)
-        if not eval_due(iter_num, last_eval_iter, config):
-            under_way = f"iteration {iter_num + 1}"
         accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
         wandb = peak_flops = None
         if master:  # wandb first: it may fail, and nothing is logged yet
@@ -267,7 +259,13 @@ def train(config, as_script=False):
             guards.check_state(full, config, last_good)
             return state, full
 
+        def upcoming():  # what the run does next: the evaluation due now, or the next step
+            due = eval_due(iter_num, last_eval_iter, config)
+            return f"the evaluation at iteration {iter_num}" if due else f"iteration {iter_num + 1}"
+
         def stop_if_requested():  # a signal to any process: all stop after the same step
+            nonlocal under_way
+            under_way = upcoming()  # before looking: a later signal waits for that
             signum = guards.stop_requested(stop, ddp, device)
             if signum:
                 rng = checkpoint.rng_states(batch_generator, world_size)
@@ -275,10 +273,10 @@ def train(config, as_script=False):
                     checkpoint.save_checkpoint(ckpt_path, checked_state(rng)[1])
                 raise guards.stopped(signum, iter_num, config, last_good, diverging, master)
 
+        under_way = upcoming()
         t_last, timed_iters = time.time(), 0
         while True:
             if eval_due(iter_num, last_eval_iter, config):
-                under_way = f"the evaluation at iteration {iter_num}"
                 rng = checkpoint.rng_states(batch_generator, world_size)
                 last_eval_iter = iter_num
                 with guards.rank0_decides(ddp):  # what stops rank 0 here stops every process
@@ -302,7 +300,6 @@ def train(config, as_script=False):
                     stop_if_requested()
             if iter_num >= max_iters:
                 break
-            under_way = f"iteration {iter_num + 1}"
             lr = get_lr(iter_num, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr

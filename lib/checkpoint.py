@@ -25,7 +25,6 @@ RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_
 LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # not settings of the run
 
 
-# --------------------------------------------------------------------------------------
 # what a checkpoint holds, and writing it
 
 
@@ -72,31 +71,25 @@ def save_checkpoint(path, state):
     write_atomically(path, lambda f: torch.save(state, f), size=sum(storages.values()))
 
 
-# --------------------------------------------------------------------------------------
-# reading it back
-
-
 def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
-    """A checkpoint train.py wrote that holds `keys`, on the CPU, or a UserError saying what is
-    wrong. mmap=True maps its tensors instead of reading them."""
+    """A checkpoint train.py wrote that holds `keys`, on the CPU; mmap maps its tensors."""
     path = str(path)
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         if os.path.isfile(os.path.join(folder, "log.jsonl")):
             raise UserError(f"no checkpoint at {path}: the run in {folder} stopped before its "
                             "first one — start it again with --overwrite=True")
-        raise UserError(f"no checkpoint at {path} — train one first "
-                        f"(python train.py CONFIG --out_dir={folder})")
+        raise UserError(f"no checkpoint at {path} — train one first")
     check_crc(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception:  # not torch's advice, weights_only=False: it would run the file's code
-        raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged: train "
-                        "again into a new --out_dir, or resume from a good copy") from None
+        raise UserError(f"{path} is not a checkpoint written by train.py, or it is damaged: "
+                        "use a good copy, or train again") from None
     missing = [key for key in keys if not isinstance(state, dict) or key not in state]
     if missing:
         raise UserError(f"{path} is not a checkpoint written by train.py: it lacks "
-                        f"{', '.join(missing)} (best.pt holds no training state)")
+                        f"{', '.join(missing)}")
     if state["format"] != FORMAT:
         raise UserError(f"{path} has format {state['format']!r}; this train.py reads {FORMAT!r}")
     if state["model_type"] not in settings.MODELS:
@@ -119,7 +112,7 @@ def check_crc(path):
 
 
 def saved_iteration(path):
-    """A checkpoint's iteration, read without loading its tensors (study.py's)."""
+    """A checkpoint's iteration, without loading its tensors."""
     return load_checkpoint(path, TRAINING_KEYS, mmap=True)["iter_num"]
 
 
@@ -130,7 +123,7 @@ def check_which(which):
 
 
 def model_path(out_dir, which="best"):
-    """out_dir/best.pt or ckpt.pt; a run without best.pt gives its ckpt.pt, with a note."""
+    """out_dir/best.pt or ckpt.pt (a run without best.pt gives its ckpt.pt)."""
     check_which(which)
     path, latest = os.path.join(out_dir, FILES[which]), os.path.join(out_dir, FILES["latest"])
     if which == "best" and not os.path.isfile(path) and os.path.isfile(latest):
@@ -145,17 +138,14 @@ def model_from_checkpoint(saved):
         model = settings.build_model(saved["model_type"], saved["model_args"])
         model.load_state_dict(saved["model"])
     except (TypeError, ValueError, RuntimeError) as e:
-        message = f"the checkpoint does not fit model_{saved['model_type']}.py: {e}"
-        raise UserError(message.splitlines()[0]) from None
+        why = str(e).splitlines()[0]
+        raise UserError(f"the checkpoint does not fit model_{saved['model_type']}: {why}") from None
     return model
 
 
-# --------------------------------------------------------------------------------------
-# resuming
-
-
-def check_resume(saved, config, model_args):
-    """The checkpoint must hold the model the config asks for."""
+def load_resumable(path, config, model_args):
+    """The ckpt.pt to resume from: a training state of the model the config asks for."""
+    saved = load_checkpoint(path, TRAINING_KEYS)
     if saved["model_type"] != config["model_type"]:
         raise UserError(f"cannot resume: the checkpoint holds model_type {saved['model_type']!r}, "
                         f"the config asks for {config['model_type']!r}")
@@ -165,33 +155,25 @@ def check_resume(saved, config, model_args):
     if differ:
         raise UserError(f"cannot resume: model settings differ from the checkpoint's: "
                         f"{', '.join(differ)}")
-
-
-def load_resumable(path, config, model_args):
-    """The ckpt.pt to resume from: a training state of the model the config asks for."""
-    saved = load_checkpoint(path, TRAINING_KEYS)
-    check_resume(saved, config, model_args)
-    # older checkpoints were saved right after their evaluation
-    saved.setdefault("last_eval_iter", saved["iter_num"])
+    saved.setdefault("last_eval_iter", saved["iter_num"])  # older files: saved after evaluating
     return saved
 
 
 def check_resumed_data(saved, config, identity, path):
-    """Check a resume's data, then say where it goes on from and which settings changed."""
+    """Check a resume's data; say where it goes on from and which settings changed."""
     check_data_identity(saved, identity, config["new_data"], config["out_dir"])
     iter_num, max_iters = saved["iter_num"], config["max_iters"]
     changed = changed_settings(saved, config)
     if changed:
         print(f"resumed with settings that differ from the checkpoint's: {changed}")
     if nothing_to_train(saved, config):
-        print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train "
-              "(raise --max_iters to train on)")
+        print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train")
     else:
         print(f"resumed from iteration {iter_num} ({path}), training to max_iters {max_iters}")
 
 
 def nothing_to_train(saved, config):
-    """Whether a resumed run is at max_iters already, its last evaluation made."""
+    """Is a resumed run at max_iters, its last evaluation made?"""
     return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
 
 
@@ -206,7 +188,7 @@ def check_data_identity(saved, identity, new_data, out_dir):
     """A resume on other data needs new_data; a new val.bin then starts best.pt afresh (val
     losses compare on the same data only), the old one renamed."""
     recorded = saved.get("data")
-    if recorded is None:  # written before checkpoints recorded their data
+    if recorded is None:  # older files did not record it
         return
     same = [split for split in ("train", "val")
             if recorded[f"{split}_sha256"] == identity[f"{split}_sha256"]]
@@ -215,34 +197,29 @@ def check_data_identity(saved, identity, new_data, out_dir):
     if not new_data:
         raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data, "
                         f"{data.short_identity(recorded)}, than {data.short_identity(identity)}: "
-                        "resume with that data, or pass --new_data=True to train on this data")
+                        "resume with that data, or pass --new_data=True")
     if "val" in same:
         return
     saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
     best = os.path.join(out_dir, "best.pt")
     if os.path.isfile(best):
         kept, number = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}.pt"), 1
-        while os.path.exists(kept):  # a name no earlier change of data took
+        while os.path.exists(kept):
             number += 1
             kept = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}-{number}.pt")
         os.replace(best, kept)
-        print(f"new_data=True: the val data changed, so best.pt starts afresh; the previous one "
-              f"is kept as {kept}")
+        print(f"new_data=True: best.pt starts afresh; the previous one is kept as {kept}")
 
 
 def restore(saved, model, optimizer, scaler, batch_generator, rank):
-    """Loads ckpt.pt into the model, AdamW, the scaler and this rank's random states; the
-    weights leave `saved` as they go in, not to be held twice."""
+    """Loads ckpt.pt into the model, AdamW, the scaler and this rank's random states (the
+    weights leave `saved`, not to be held twice)."""
     model.load_state_dict(saved.pop("model"))
     optimizer.load_state_dict(saved.pop("optimizer"))
     if saved["scaler"]:  # empty when saved without fp16
         scaler.load_state_dict(saved["scaler"])
-    if rank < len(saved["rng"]):  # ranks beyond the saving run's keep their fresh seeds
+    if rank < len(saved["rng"]):  # new ranks keep their seeds
         set_rng_state(saved["rng"][rank], batch_generator)
-
-
-# --------------------------------------------------------------------------------------
-# random states: a resumed run draws what an unbroken one would
 
 
 def rng_states(batch_generator, world_size):

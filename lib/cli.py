@@ -41,10 +41,9 @@ class Stopped(BaseException):
 
 
 class StopRequests:
-    """Within it, a stop signal only sets .signum, for the script to stop where it can save;
-    acknowledge(signum) gives a line to print at once. A second signal raises Stopped, and ends
-    the process within exit_within_s seconds whatever hangs. passed_on: under torchrun, the same
-    signal again within REPEAT_S seconds is torchrun's copy, not a second one."""
+    """Within it, a stop signal sets .signum for the script to stop where it can save, printing
+    acknowledge(signum). A second one raises Stopped and ends the process in exit_within_s
+    seconds. passed_on: under torchrun, the same signal within REPEAT_S s is torchrun's copy."""
 
     REPEAT_S = 5.0
 
@@ -186,7 +185,6 @@ def main(entry):
     return wrapped
 
 
-# --------------------------------------------------------------------------------------
 # writing files
 
 ADVICE = {  # what to do when a write fails, by errno

@@ -29,7 +29,7 @@ def check_data(data_dir, block_size, vocab_size):
             with open(meta_path) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            raise UserError(f"{meta_path} cannot be read ({e}) — prepare the data again") from None
+            raise UserError(f"{meta_path} cannot be read ({e}): prepare the data again") from None
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
@@ -49,14 +49,13 @@ def check_data(data_dir, block_size, vocab_size):
         # meta.json is written last: a .bin that disagrees comes from another preparation
         if recorded.get("tokens", n_tokens) != n_tokens:
             raise UserError(f"{path} holds {n_tokens:,} tokens but {meta_path} records "
-                            f"{recorded['tokens']:,}: the files come from different preparations "
-                            "— prepare the data again")
+                            f"{recorded['tokens']:,}: prepare the data again")
         if n_bytes >= SLOW_HASH_BYTES:
             print(f"hashing {path} ({n_bytes / 1e9:,.1f} GB) to identify the data")
         identity[f"{split}_sha256"] = sha256_of(path)
         if recorded.get("sha256", identity[f"{split}_sha256"]) != identity[f"{split}_sha256"]:
-            raise UserError(f"{path} does not match the sha256 in {meta_path}: the file changed "
-                            "after it was prepared — prepare the data again")
+            raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare the data "
+                            "again")
         max_token_id = recorded.get("max_token_id")
         if max_token_id is None:  # not recorded: scan the tokens once
             max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
@@ -126,14 +125,13 @@ def check_format(path):
     for width, name in ((4, "int64"), (2, "int32")):  # uint16 words per token id
         words = head[: len(head) // (2 * width) * 2 * width].view(np.uint16).reshape(-1, width)
         if len(words) >= 2 and words[:, 0].any() and not words[:, 1:].any():
-            found = f"{name} token ids (every token's upper {2 * width - 2} bytes are zeros)"
+            found = f"{name} token ids"
             break
     if found is None and len(head) and not (head == 0).any() and is_utf8(head.tobytes()):
-        found = "text (UTF-8 without a single zero byte, which token ids would have)"
+        found = "text"
     if found:
-        raise UserError(f"{path} does not hold uint16 token ids: it looks like {found}. Prepare "
-                        "text with `python prepare_wikipedia.py --input FILE --out_dir DIR`, or "
-                        "write ids with np.array(ids, dtype=np.uint16).tofile(path)")
+        raise UserError(f"{path} does not hold uint16 token ids: it looks like {found}; prepare "
+                        "text with prepare_wikipedia.py --input, or write ids as np.uint16")
 
 
 def is_utf8(head):

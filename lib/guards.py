@@ -1,6 +1,6 @@
 """
-The run's guards, each named by what it protects. launched() holds what a launch must undo; the
-others return a verdict or raise, and the run's state stays in train.py, which passes it in.
+The run's guards: launched() holds what a launch must undo; the others take the run's state
+from train.py and return a verdict or raise.
 """
 
 import contextlib
@@ -17,18 +17,14 @@ import torch.distributed as dist
 from lib import checkpoint, cli, data, log
 from lib.cli import UserError
 
-DIVERGED_NATS = 1.0  # an evaluation this far above the best holds no state worth resuming
-
-
-# --------------------------------------------------------------------------------------
-# one launch, in each of its processes
+DIVERGED_NATS = 1.0  # an evaluation this far above the best is no state worth resuming
 
 
 @contextlib.contextmanager
-def launched(config, acknowledge, as_script=False):
-    """Joins the process group (torchrun); rank 0 locks and checks the data and claims out_dir;
-    stop signals then wait for the step (cli.StopRequests). Yields (rank, world_size, device,
-    data identity, data stamps, stop). A failed launch removes the out_dir it made."""
+def launched(config, under_way, as_script=False):
+    """Joins the process group; rank 0 locks and checks the data and claims out_dir; signals
+    then wait for what under_way() names. Yields (rank, world_size, device, data identity,
+    stamps, stop)."""
     rank, world_size, device = setup_distributed(config)
     ddp, out_lock = world_size > 1, None
     with contextlib.ExitStack() as undo:
@@ -39,18 +35,22 @@ def launched(config, acknowledge, as_script=False):
             with rank0_decides(ddp):
                 if rank == 0:
                     data_lock = data.hold_for_reading(config["data_dir"])
-                    if data_lock:  # None where no lock file can be opened
+                    if data_lock:
                         undo.callback(data_lock.close)
-                    stamps = data.stamps(config["data_dir"])  # before hashing: it takes time
+                    stamps = data.stamps(config["data_dir"])  # before hashing, which is slow
                     identity = data.check_data(config["data_dir"], config["block_size"],
                                                config["vocab_size"])
                     out_lock = claim_out_dir(config)
                     undo.callback(out_lock.close)
+            def acknowledge(signum):  # a first signal's answer, at once
+                name, again = signal.Signals(signum).name, cli.again(signum)
+                return f"{name}: stopping after {under_way()} with its state saved; {again}"
+
             stop = undo.enter_context(cli.StopRequests(
                 acknowledge if rank == 0 else None, passed_on=ddp,
                 exit_within_s=10.0 if as_script else None))
 
-            def pipe_closed():  # stdout's reader went away: a stop, unless one is under way
+            def pipe_closed():  # stdout's reader went away: a stop, if none is under way
                 if stop.signum is None:
                     stop.request(signal.SIGPIPE, None)
 
@@ -59,19 +59,18 @@ def launched(config, acknowledge, as_script=False):
         except BaseException as error:
             out_of_memory = isinstance(error, torch.OutOfMemoryError) or (
                 isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
-            if out_lock:
+            if out_lock:  # a failed launch leaves no out_dir it made
                 out_lock.undo(fresh_run=out_of_memory and config["init_from"] == "scratch")
             if out_of_memory:
                 where = "the GPU" if device.startswith("cuda") else "this machine"
-                raise UserError(f"out of memory: a micro-step of {config['batch_size']} sequences "
-                                f"of {config['block_size']} tokens does not fit in {where}; lower "
-                                "--batch_size (raising --gradient_accumulation_steps to match) or "
-                                "--block_size") from None
+                raise UserError(f"out of memory: {config['batch_size']} sequences of "
+                                f"{config['block_size']} tokens do not fit in {where}; lower "
+                                "--batch_size or --block_size") from None
             raise
 
 
 def setup_distributed(config):
-    """(rank, world_size, device); under torchrun (RANK set), in the process group."""
+    """(rank, world_size, device); under torchrun, in the process group."""
     if "RANK" not in os.environ:
         return 0, 1, config["device"]
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
@@ -101,17 +100,13 @@ def rank0_decides(ddp):
         raise problem
 
 
-# --------------------------------------------------------------------------------------
-# out_dir: one run at a time
-
-
 class FolderLock:
-    """This process's flock on folder/name, a file naming the holder; it ends with its process,
-    however that dies. undo() removes what the lock made while nothing else was written."""
+    """This process's flock on folder/name, a file naming the holder, which ends with the
+    process; undo() removes what the lock made while nothing else was written."""
 
     def __init__(self, folder, name, program, option):
         self.folder, self.path = folder, os.path.join(folder, name)
-        made = []  # the folders makedirs is about to create, deepest first
+        made = []  # the folders makedirs will create, deepest first
         parent = os.path.abspath(folder)
         while not os.path.exists(parent):
             made.append(parent)
@@ -149,8 +144,8 @@ class FolderLock:
         self.file.close()
 
     def undo(self, fresh_run=False):
-        """Unlock; remove what the lock made if nothing was written since keep(). fresh_run: a
-        new run's own log.jsonl counts as nothing, so that the next run is not refused."""
+        """Unlock, and remove what the lock made if nothing was written since keep(). fresh_run:
+        a new run's own log.jsonl counts as nothing."""
         written = {name for name, size in self.contents().items()
                    if self.untouched.get(name) != size}
         if fresh_run and written == {"log.jsonl"} and "log.jsonl" not in self.untouched:
@@ -177,21 +172,15 @@ def claim_out_dir(config):
         if not config["overwrite"]:
             lock.undo()
             if "ckpt.pt" not in existing:  # nothing to resume from
-                raise UserError(f"{out_dir} holds the log of a run that stopped before its first "
-                                f"checkpoint: start again with --overwrite=True (deletes {names}), "
-                                "or use another --out_dir")
+                raise UserError(f"{out_dir} holds a run that stopped before its first checkpoint: "
+                                f"start it again with --overwrite=True (deletes {names})")
             raise UserError(f"{out_dir} already holds a run ({names}): continue it with "
-                            "--init_from=resume, use another --out_dir, or replace it with "
-                            f"--overwrite=True (deletes {names})")
+                            "--init_from=resume, or replace it with --overwrite=True")
         for name in existing:
             os.remove(os.path.join(out_dir, name))
         print(f"overwrite=True: deleted {names} in {out_dir}")
     lock.keep()  # the deletions above count as done before the run
     return lock
-
-
-# --------------------------------------------------------------------------------------
-# what is not finite, and a run that diverges
 
 
 def good_state(last_good):
@@ -201,9 +190,8 @@ def good_state(last_good):
 
 
 def stop_diverged(what, config, last_good):
-    """Raises what went non-finite, the state to resume, and a lower learning rate: half this
-    run's, at most the write-ups' 9e-4."""
-    lr = min(config["learning_rate"] / 2, 9e-4)
+    """Raises what went non-finite, the state to resume, and a lower learning rate."""
+    lr = min(config["learning_rate"] / 2, 9e-4)  # at most the write-ups' rate
     flags = f"--learning_rate={lr:g}"
     if config["decay_lr"] and config["min_lr"] > lr:
         flags += f" --min_lr={lr:g}"  # min_lr may not exceed learning_rate
@@ -218,8 +206,8 @@ def stop_diverged(what, config, last_good):
 
 
 def check_step(iteration, step, fp16, config, last_good):
-    """Stops before a non-finite loss or gradient changes the weights; under fp16, the gradient
-    scaler skips such a step itself."""
+    """Stops before a non-finite loss or gradient changes the weights (under fp16, the gradient
+    scaler skips such a step itself)."""
     values = [("loss", step["loss"]), *log.flat(step["aux"], "")]
     if not fp16:
         values.append(("gradient norm", step["grad_norm"]))
@@ -231,27 +219,26 @@ def check_step(iteration, step, fp16, config, last_good):
 
 
 def check_evaluation(iter_num, losses, best_val_loss, first_val_loss, config, last_good):
-    """Stops at non-finite losses, and warns of a val loss above the first (the untrained
-    model's). Returns whether the run is diverging: DIVERGED_NATS or more above the best, a
-    state not worth saving over the last good one."""
+    """Stops at non-finite losses; warns of a val loss above the untrained model's. Returns
+    whether the run diverges: a state not worth saving over the last good one."""
     val_loss = losses["val_loss"]
     if not all(map(math.isfinite, losses.values())):
         stop_diverged(f"non-finite losses at the evaluation of iteration {iter_num} (train "
                       f"{losses['train_loss']}, val {val_loss})", config, last_good)
     if first_val_loss is not None and val_loss > first_val_loss:
         print(f"warning: val loss {val_loss:.4f} at iteration {iter_num} is above the run's "
-              f"first evaluation's, {first_val_loss:.4f}: the run is diverging — try a lower "
-              "--learning_rate", file=sys.stderr)
+              f"first evaluation's, {first_val_loss:.4f}: try a lower --learning_rate",
+              file=sys.stderr)
     if last_good and val_loss >= best_val_loss + DIVERGED_NATS:
         print(f"warning: not saving {config['out_dir']}/ckpt.pt at iteration {iter_num}: val loss "
-              f"{val_loss:.4f} is {DIVERGED_NATS:g} or more above the best, {best_val_loss:.4f}; "
-              f"it keeps {good_state(last_good)}", file=sys.stderr)
+              f"{val_loss:.4f} is far above the best; it keeps {good_state(last_good)}",
+              file=sys.stderr)
         return True
     return False
 
 
 def check_state(state, config, last_good):
-    """Stops, writing nothing, when a state to save holds a non-finite value."""
+    """Stops, writing nothing, at a non-finite value in a state to save."""
     bad = checkpoint.nonfinite_tensors(state)
     if bad:
         stop_diverged(f"iteration {state['iter_num']}: non-finite values in {bad[0]}", config,
@@ -259,24 +246,14 @@ def check_state(state, config, last_good):
 
 
 def check_data_unchanged(config, stamps):
-    """Stops when the data's sizes or times changed since the run hashed it."""
+    """Stops when the data's sizes or times changed since it was hashed."""
     if stamps is not None and data.stamps(config["data_dir"]) != stamps:
         raise UserError(f"the data in {config['data_dir']} changed during the run: stopped "
                         "without saving — resume on the first data, or with --new_data=True")
 
 
-# --------------------------------------------------------------------------------------
-# signals
-
-
-def acknowledgement(signum, under_way):
-    """The line a first signal gets at once: what the stop waits for."""
-    name = signal.Signals(signum).name
-    return f"{name}: stopping after {under_way} with its state saved; {cli.again(signum)}"
-
-
 def stop_requested(stop, ddp, device):
-    """The stop signal any process got, agreed by all (a collective under DDP)."""
+    """The stop signal any process got, agreed by all."""
     signum = stop.signum
     if ddp:
         flag = torch.tensor([signum or 0], device=device)
@@ -286,7 +263,7 @@ def stop_requested(stop, ddp, device):
 
 
 def stopped(signum, iter_num, config, last_good, diverging, master):
-    """The cli.Stopped to raise once saved: what ckpt.pt holds, and how to go on."""
+    """The cli.Stopped to raise once saved, saying what ckpt.pt holds and how to go on."""
     saved = f"saved {config['out_dir']}/ckpt.pt"
     if diverging:
         saved = f"{config['out_dir']}/ckpt.pt keeps {good_state(last_good)}, the last good state"

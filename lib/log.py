@@ -1,8 +1,7 @@
 """
-The run's log: rank 0 prints each record as a line and appends it to out_dir/log.jsonl (and to
-Weights & Biases if asked). Records: "start" per launch; "train" every log_interval steps, with
-cross_entropy, each auxiliary loss under aux, and loss, their weighted sum that the gradients
-come from; "eval" (train_loss and val_loss, cross-entropy); "eval_only" per --eval_only launch.
+The run's log: rank 0 prints each record as a line and appends it to out_dir/log.jsonl (and
+wandb). A "train" record holds cross_entropy, each auxiliary loss under aux, and loss, their
+weighted sum that the gradients come from; "eval" records hold cross-entropy losses.
 """
 
 import json

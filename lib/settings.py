@@ -1,6 +1,6 @@
 """
-What train.py's settings mean beyond their values: the three models and their own fields (each
-GPTConfig's), the one check of a whole config, and the precision a dtype chooses.
+train.py's settings: the models and their fields (each GPTConfig's), the one check of a config,
+and the precision a dtype chooses.
 """
 
 import dataclasses
@@ -34,8 +34,8 @@ RULES = [
 
 
 def get_config(defaults, argv, script_keys=(), check_model=False):
-    """The config of argv over defaults and the chosen model's fields (configurator.merge),
-    checked. script_keys: the calling script's own keys. check_model: the model's checks too."""
+    """The checked config of argv over defaults and the model's fields; script_keys: the
+    caller's own keys."""
     files, overrides = configurator.parse(argv)
     # the keys depend on the model, so model_type comes first: flag, else file, else default
     model_type = files.get("model_type", defaults["model_type"])
@@ -61,8 +61,7 @@ def with_model_fields(defaults, model_type):
 
 
 def check(config, world_size=1, check_model=False, files=()):
-    """Refuse, in one ConfigError, settings that would fail mid-run or train on nonsense.
-    check_model: the model's own checks too, naming the config files read."""
+    """Refuse, in one ConfigError, settings that would fail mid-run or train on nonsense."""
     problems = [f"{key} must be {rule}, got {config[key]!r}"
                 for keys, ok, rule in RULES for key in keys if not ok(config[key])]
     if config["decay_lr"] and config["warmup_iters"] >= config["lr_decay_iters"]:
@@ -99,8 +98,7 @@ def model_args_of(config):
 
 
 def saved_model_args(model_type, model_args):
-    """Recorded GPTConfig fields as this version resolves them: a field added since takes its
-    default, so an older run compares equal; the record itself if it does not fit."""
+    """Recorded GPTConfig fields as resolved now: a field added since takes its default."""
     try:
         fields = dataclasses.asdict(MODELS[model_type].GPTConfig(**model_args))
         return json.loads(json.dumps(fields))

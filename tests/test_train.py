@@ -473,9 +473,8 @@ def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, mon
     out_dir = tmp_path / "run"
     assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 1
     err = last_error(capsys)
-    assert err == ("error: out of memory: a micro-step of 4 sequences of 16 tokens does not fit in "
-                   "this machine; lower --batch_size (raising --gradient_accumulation_steps to match) "
-                   "or --block_size\n")
+    assert err == ("error: out of memory: 4 sequences of 16 tokens do not fit in this machine; lower "
+                   "--batch_size or --block_size\n")
     assert not out_dir.exists()
     monkeypatch.setattr(module.GPT, "forward", forward)
     assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 0  # no --overwrite needed
