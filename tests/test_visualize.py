@@ -68,14 +68,18 @@ def by_head(y, n_head):
 def plain_attentions(model):
     """[(kind, layer, module, its values v of the captured args)] of the causal attentions."""
     tr = model.transformer
+
+    def self_v(m, args):
+        return m.c_attn(args[0]).split(m.n_embd, dim=2)[2]
+
+    def cross_v(m, args):  # the values of encoder_out
+        return m.c_kv(args[0]).split(m.n_embd, dim=2)[1]
+
     if isinstance(model, ed.GPT):
-        self_v = lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2]
-        cross_v = lambda m, args: m.c_kv(args[0]).split(m.n_embd, dim=2)[1]  # values of encoder_out
-        return ([("encoder", l, b.attn, self_v) for l, b in enumerate(tr.encoder)]
-                + [("decoder", l, b.attn, self_v) for l, b in enumerate(tr.decoder)]
-                + [("cross", l, b.cross_attn, cross_v) for l, b in enumerate(tr.decoder)])
-    return [("self", l, b.attn, lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2])
-            for l, b in enumerate(tr.h)]
+        return ([("encoder", layer, b.attn, self_v) for layer, b in enumerate(tr.encoder)]
+                + [("decoder", layer, b.attn, self_v) for layer, b in enumerate(tr.decoder)]
+                + [("cross", layer, b.cross_attn, cross_v) for layer, b in enumerate(tr.decoder)])
+    return [("self", layer, b.attn, self_v) for layer, b in enumerate(tr.h)]
 
 
 # --------------------------------------------------------------------------------------
