@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import torch
 
 import configurator
@@ -106,6 +107,12 @@ def parse_args(argv):
     parser.add_argument("--out_root", default="study", help="runs go to OUT_ROOT/<config>-seed<S>, the table to OUT_ROOT/study.md, study.json")
     parser.add_argument("--gpus", help="comma-separated GPU ids, one run on each at a time (default: all GPUs when there are several)")
     parser.add_argument("--report_only", action="store_true", help="train nothing, only tabulate what the runs hold")
+    parser.add_argument("--threshold", type=float, default=0.05,
+                        help="a difference is shown when its p-value is at most this "
+                             "(default %(default)s)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="the picture's path (default OUT_ROOT/study.png, drawn when "
+                             "matplotlib is installed)")
     parser.add_argument("--progress_s", type=float, default=60.0, help="seconds between progress lines (default %(default)s)")
     # train.py's flags may be written `--key value` too: joined into `--key=value`, they pass through whole
     own = [option for action in parser._actions for option in action.option_strings]
@@ -116,6 +123,9 @@ def parse_args(argv):
     if not args.configs:
         raise ConfigError("no config given: python study.py config/baseline.py config/future50_mse.py ... (python study.py --help)")
     args.seeds = parse_ids("--seeds", args.seeds, "1337,1338,1339")
+    if not 0 < args.threshold < 1:
+        raise ConfigError(f"--threshold is a p-value between 0 and 1 such as 0.05, "
+                          f"got {args.threshold:g}")
     args.gpus = parse_ids("--gpus", args.gpus, "0,1") if args.gpus is not None else None
     return args
 
@@ -382,6 +392,78 @@ def train_runs(runs, slots, flags, progress_s, stop=None):
 
 
 # --------------------------------------------------------------------------------------
+# is a difference real? the exact paired permutation test
+
+
+EXACT_UP_TO = 20  # seeds: 2^20 sign vectors, a million sums of 8 bytes, is a fraction of a second
+RANDOM_FLIPS = 2**20  # sign vectors drawn at random beyond EXACT_UP_TO seeds
+POWER = 0.8  # the share of studies in which the estimate of the seeds needed finds the difference
+
+
+def permutation_p_value(differences):
+    """The two-sided p-value of the exact paired permutation test of the mean of the per-seed
+    differences d: if the config made no difference, each d was as likely to come out with the
+    other sign, so every one of the 2^n ways to flip the signs gives an equally likely study.
+    p is the share of them whose |mean| is at least the observed |mean|. With more than
+    EXACT_UP_TO seeds, RANDOM_FLIPS sign vectors drawn at random (with a fixed generator, so the
+    same numbers give the same p) stand in for all of them."""
+    d = np.asarray(differences, dtype=np.float64)
+    n = len(d)
+    exact = n <= EXACT_UP_TO
+    # sign vector k flips d_i when bit i of k is set: every vector exactly once
+    vectors = np.arange(2**n) if exact else None
+    rng = np.random.default_rng(0)
+    sums = np.zeros(2**n if exact else RANDOM_FLIPS)  # the sum ranks as the mean does, n fixed
+    for i, d_i in enumerate(d):
+        flipped = (vectors >> i) & 1 == 1 if exact else rng.random(RANDOM_FLIPS) < 0.5
+        sums += np.where(flipped, -d_i, d_i)
+    # sums added in another order differ in their last bits: a tie must count as one
+    tolerance = 1e-9 * np.abs(d).sum()
+    at_least = np.count_nonzero(np.abs(sums) >= abs(d.sum()) - tolerance)
+    # drawn at random, the observed study counts as one of them (a p-value is never 0)
+    return at_least / len(sums) if exact else (at_least + 1) / (RANDOM_FLIPS + 1)
+
+
+def smallest_p_value(n):
+    """The smallest p-value n seeds can give: all d of one sign, only those flips tie."""
+    return 2 / 2**n
+
+
+def fewest_seeds(threshold):
+    """The fewest seeds whose test can reach the threshold at all: 6 for 0.05."""
+    n = 1
+    while smallest_p_value(n) > threshold:
+        n += 1
+    return n
+
+
+def seeds_needed(mean, std, threshold):
+    """An estimate of the seeds a difference of this mean and std (of the per-seed
+    differences) needs: the mean of n differences taken as normal, with the measured mean and
+    std taken as true, a two-sided test at the threshold finds it in POWER of studies when
+    sqrt(n)·|mean|/std = z(1 - threshold/2) + z(POWER). None without a spread or a difference."""
+    if std is None or mean == 0:
+        return None
+    z = statistics.NormalDist().inv_cdf
+    n = math.ceil(((z(1 - threshold / 2) + z(POWER)) * std / abs(mean)) ** 2)
+    return max(n, fewest_seeds(threshold))
+
+
+def format_p(p):
+    return f"{p:.2g}"
+
+
+def verdict(mean, p, n, threshold):
+    """The difference in words: `lower (p = 0.031)`, `no evidence (p = 0.41)`, ..."""
+    if smallest_p_value(n) > threshold:
+        return f"too few seeds (n = {n}: p ≥ {format_p(smallest_p_value(n))})"
+    if p <= threshold:
+        return f"{'lower' if mean < 0 else 'higher'} (p = {format_p(p)})"
+    return f"no evidence (p = {format_p(p)})"
+
+
+
+# --------------------------------------------------------------------------------------
 # the table
 
 
@@ -424,26 +506,35 @@ def run_result(run):
         # each model logs at most one auxiliary loss
         result.update(status="finished", train_loss=last_eval["train_loss"], val_loss=last_eval["val_loss"],
                       aux_loss=report.main_aux(aux))
+        # the val loss of every evaluation, for the picture: [[iter, val loss], ...]
+        result["val_curve"] = [[r["iter"], r["val_loss"]] for r in records if r["type"] == "eval"]
     return result
 
 
-def val_difference(results, reference):
-    """Val loss minus the reference config's: over the seeds both finished, the mean ± std of
-    the per-seed differences (paired); with no seed in common, the difference of the means
-    ± the std of a difference of two independent runs, sqrt(std_a² + std_b²)."""
+def val_difference(results, reference, threshold):
+    """Val loss minus the reference config's. Over the seeds both finished (paired): the mean
+    ± std of the per-seed differences, the permutation test's p-value and verdict, and the
+    seeds a difference of that size needs. With no seed in common: the difference of the means
+    ± the std of a difference of two independent runs, sqrt(std_a² + std_b²), and no test."""
     val = {r["seed"]: r["val_loss"] for r in results if r["finished"]}
     ref = {r["seed"]: r["val_loss"] for r in reference if r["finished"]}
     if not val or not ref:
         return None
     common = sorted(set(val) & set(ref))
     if common:
-        return dict(stats([val[seed] - ref[seed] for seed in common]), paired=True)
+        differences = [val[seed] - ref[seed] for seed in common]
+        difference = dict(stats(differences), paired=True, seeds=common, differences=differences)
+        p = permutation_p_value(differences)
+        mean, std, n = difference["mean"], difference["std"], difference["n"]
+        return dict(difference, p_value=p, smallest_p_value=smallest_p_value(n),
+                    verdict=verdict(mean, p, n, threshold),
+                    seeds_needed=seeds_needed(mean, std, threshold))
     (mean_a, std_a), (mean_b, std_b) = mean_std(list(val.values())), mean_std(list(ref.values()))
     std = math.hypot(std_a, std_b) if std_a is not None and std_b is not None else None
     return dict(mean=mean_a - mean_b, std=std, n=0, paired=False)
 
 
-def tabulate(runs, seeds, flags):
+def tabulate(runs, seeds, flags, threshold):
     """The study's numbers, config by config (the order of the command line)."""
     configs = {}
     for run in runs:
@@ -467,10 +558,11 @@ def tabulate(runs, seeds, flags):
         ))
     reference = rows[0]
     for row in rows:
-        row["val_difference"] = val_difference(row["runs"], reference["runs"])
+        row["val_difference"] = val_difference(row["runs"], reference["runs"], threshold)
         ours, theirs = row["writeup"], reference["writeup"]
         row["writeup_val_difference"] = ours["val"] - theirs["val"] if ours and theirs else None
-    return dict(reference=reference["config"], seeds=seeds, flags=flags, configs=rows)
+    return dict(reference=reference["config"], seeds=seeds, flags=flags, threshold=threshold,
+                configs=rows)
 
 
 def format_stat(stat, digits=4, sign=""):
@@ -486,49 +578,88 @@ def format_aux(stat):
     return f"{stat['mean']:.4g}" if stat["std"] is None else f"{stat['mean']:.4g} ± {stat['std']:.2g}"
 
 
+def test_cells(diff):
+    """The verdict, smallest p-value and seeds-needed cells of a config's row."""
+    if diff is None or not diff["paired"]:
+        return ["-", "-", "-"]
+    needed = diff["seeds_needed"]
+    smallest = f"{format_p(diff['smallest_p_value'])} (n = {diff['n']})"
+    return [diff["verdict"], smallest, "-" if needed is None else str(needed)]
+
+
+def test_note(reference, threshold):
+    """The lines under the table that say how the verdict and the seeds needed were made."""
+    z = statistics.NormalDist().inv_cdf
+    return [
+        f"Verdict: the exact paired permutation test of the per-seed differences to {reference}'s "
+        f"val loss (two-sided: the share p of the 2^n ways to flip their signs whose mean is at "
+        f"least as far from 0 as the observed mean); `lower` or `higher` when p ≤ {threshold:g}. "
+        f"n seeds give p ≥ 2/2^n (smallest p): with fewer than {fewest_seeds(threshold)} seeds no "
+        f"difference can reach {threshold:g} (`too few seeds`).",
+        f"Seeds needed: an estimate, made from the mean and std of the differences measured "
+        f"here as if they were the true ones: the seeds with which a test at {threshold:g} finds "
+        f"a difference of that size in {POWER:.0%} of studies, taking the mean of n differences as "
+        f"normal: n = ((z(1 - {threshold:g}/2) + z({POWER:g})) · std / |mean|)² = "
+        f"({z(1 - threshold / 2) + z(POWER):.2f} · std / |mean|)², and at least "
+        f"{fewest_seeds(threshold)}. The std of a few seeds is itself uncertain: take it as a "
+        f"first guess, and add seeds with the same command.",
+    ]
+
+
 def markdown(table, out_root):
-    reference = table["reference"]
+    reference, threshold = table["reference"], table["threshold"]
     n_seeds = len(table["seeds"])
     with_writeup = any(row["writeup"] for row in table["configs"])
-    head = ["config", "seeds finished", "params", "train loss", "val loss", f"Δ val vs {reference}", "aux loss"]
-    head += ["write-up train", "write-up val", "write-up Δ val", "write-up aux", "write-up params"] if with_writeup else []
+    head = ["config", "seeds finished", "params", "train loss", "val loss",
+            f"Δ val vs {reference}", f"verdict (p ≤ {threshold:g})", "smallest p",
+            "seeds needed (est.)", "aux loss"]
+    if with_writeup:
+        head += ["write-up train", "write-up val", "write-up Δ val", "write-up aux",
+                 "write-up params"]
+    flags = " ".join(table["flags"]) or "(none)"
     lines = [f"# Study: {len(table['configs'])} configs × {n_seeds} seed{'s' * (n_seeds > 1)} "
              f"({', '.join(map(str, table['seeds']))})", "",
-             f"Runs in `{out_root}/<config>-seed<seed>`; flags for every run: `{' '.join(table['flags']) or '(none)'}`.", "",
+             f"Runs in `{out_root}/<config>-seed<seed>`; flags for every run: `{flags}`.", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     unpaired = False
     for row in table["configs"]:
         diff = row["val_difference"]
         if row["config"] == reference:
             diff_text = "(reference)" if diff else "-"
+            tests = ["", "", ""]
         else:
-            diff_text = format_stat(diff, sign="+") + ("" if diff is None or diff["paired"] else " *")
-            unpaired |= diff is not None and not diff["paired"]
-        w = row["writeup"]
+            paired = diff is None or diff["paired"]
+            diff_text = format_stat(diff, sign="+") + ("" if paired else " *")
+            unpaired |= not paired
+            tests = test_cells(diff)
         cells = [row["config"], f"{len(row['seeds_finished'])} of {n_seeds}",
                  f"{row['params']:,}" if row["params"] else "-",
-                 format_stat(row["train_loss"]), format_stat(row["val_loss"]), diff_text, format_aux(row["aux_loss"])]
-        if w:
-            cells += [f"{w['train']:.3f}", f"{w['val']:.3f}",
-                      "(reference)" if row["config"] == reference else
-                      f"{row['writeup_val_difference']:+.3f}" if row["writeup_val_difference"] is not None else "-",
-                      f"{w['aux']:.4g}" if w["aux"] is not None else "-", f"{w['params']:,}"]
+                 format_stat(row["train_loss"]), format_stat(row["val_loss"]), diff_text, *tests,
+                 format_aux(row["aux_loss"])]
+        if row["writeup"]:
+            cells += writeup_cells(row, reference)
         elif with_writeup:
             cells += [""] * 5
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Mean ± sample standard deviation (ddof=1) over the seeds that finished (no ± for one seed): "
-              "train and val loss are each run's last eval-mode estimates, aux loss the unscaled auxiliary loss "
-              f"of its last logged step. Δ val: the mean ± std of the per-seed differences of the val loss to "
-              f"{reference}'s, over the seeds both finished (paired)."]
+    lines += ["", "Mean ± sample standard deviation (ddof=1) over the seeds that finished (no ± "
+              "for one seed): train and val loss are each run's last eval-mode estimates, aux "
+              "loss the unscaled auxiliary loss of its last logged step. Δ val: the mean ± std of "
+              f"the per-seed differences of the val loss to {reference}'s, over the seeds both "
+              "finished (paired)."]
     if unpaired:
-        lines.append("* no seed finished by both: the difference of the means ± sqrt(std² + std_ref²).")
-    differs = sorted({f"{k} {v['study']} (write-up {v['writeup']})" for row in table["configs"] if row["writeup"]
+        lines.append("* no seed finished by both: the difference of the means ± "
+                     "sqrt(std² + std_ref²), and no test.")
+    lines += test_note(reference, threshold)
+    differs = sorted({f"{k} {v['study']} (write-up {v['writeup']})"
+                      for row in table["configs"] if row["writeup"]
                       for k, v in row["writeup"]["differs"].items()})
     if with_writeup:
-        lines.append("Write-up: the published numbers of the write-up config with the same model (9000 steps on the "
-                     "write-ups' own Wikipedia text): compare differences between configs, not absolute losses."
+        lines.append("Write-up: the published numbers of the write-up config with the same model "
+                     "(9000 steps on the write-ups' own Wikipedia text): compare differences "
+                     "between configs, not absolute losses."
                      + (f" This study trains unlike them: {', '.join(differs)}." if differs else ""))
-    for label, other in (("Not finished", False), ("Trained with other settings than this study's", True)):
+    for label, other in (("Not finished", False),
+                         ("Trained with other settings than this study's", True)):
         runs = [f"{os.path.basename(r['out_dir'])} ({r['status']})" for row in table["configs"]
                 for r in row["runs"] if not r["finished"] and r.get("other_settings", False) == other]
         if runs:
@@ -536,22 +667,128 @@ def markdown(table, out_root):
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path, text):
-    tmp_path = path + ".tmp"
-    with open(tmp_path, "w") as f:
-        f.write(text)
-    os.replace(tmp_path, path)
+def writeup_cells(row, reference):
+    """The write-up's published numbers beside the study's, for a row with a write-up config."""
+    w = row["writeup"]
+    if row["config"] == reference:
+        difference = "(reference)"
+    elif row["writeup_val_difference"] is not None:
+        difference = f"{row['writeup_val_difference']:+.3f}"
+    else:
+        difference = "-"
+    aux = f"{w['aux']:.4g}" if w["aux"] is not None else "-"
+    return [f"{w['train']:.3f}", f"{w['val']:.3f}", difference, aux, f"{w['params']:,}"]
 
 
-def write_table(runs, seeds, flags, out_root):
-    table = tabulate(runs, seeds, flags)
-    text = markdown(table, out_root)
+def write_table(runs, args):
+    table = tabulate(runs, args.seeds, args.flags, args.threshold)
+    text = markdown(table, args.out_root)
+    out_root = args.out_root
     os.makedirs(out_root, exist_ok=True)
-    write_atomic(os.path.join(out_root, "study.md"), text)
-    write_atomic(os.path.join(out_root, "study.json"), json.dumps(table, indent=1) + "\n")
+    for name, content in (("study.md", text), ("study.json", json.dumps(table, indent=1) + "\n")):
+        cli.write_atomically(os.path.join(out_root, name), lambda f: f.write(content.encode()))
     print(text, end="")
     print(f"wrote {os.path.join(out_root, 'study.md')} and study.json")
     return table
+
+
+# --------------------------------------------------------------------------------------
+# the picture
+
+
+FIGURE_INCHES = (13, 5.2)  # at DPI, 1,300 × 520 px: whole at 100% on a laptop's screen
+DPI = 100  # the smallest text, 9 points, is 12 px high
+TEXT_PT = 9
+
+
+def val_curves(row):
+    """(iterations, array (seeds, iterations) of val losses) of a config's finished runs, at
+    the iterations every one of them evaluated; None without a finished run."""
+    curves = [dict(map(tuple, r["val_curve"])) for r in row["runs"] if r["finished"]]
+    if not curves:
+        return None
+    iters = sorted(set.intersection(*(set(curve) for curve in curves)))
+    return iters, np.array([[curve[i] for i in iters] for curve in curves])
+
+
+def legend_label(row, reference):
+    if row["config"] == reference:
+        return f"{row['config']} (reference)"
+    diff = row["val_difference"]
+    return f"{row['config']}: {diff['verdict']}" if diff and diff["paired"] else row["config"]
+
+
+def study_figure(table, plt):
+    """Left: val loss against iterations, per config the mean over its finished seeds as a
+    line and their min to max as a band, the verdict in the legend. Right: each config's
+    per-seed differences to the reference at the end, as dots, with their mean as a bar."""
+    reference = table["reference"]
+    fig, (ax_curves, ax_diffs) = plt.subplots(1, 2, figsize=FIGURE_INCHES, width_ratios=[3, 2],
+                                              layout="constrained")
+    tops = []  # per config, the highest band value over the last 4/5 of training
+    for k, row in enumerate(table["configs"]):
+        curves = val_curves(row)
+        if curves is None:
+            continue
+        iters, losses = curves
+        ax_curves.plot(iters, losses.mean(axis=0), color=f"C{k}", label=legend_label(row, reference))
+        ax_curves.fill_between(iters, losses.min(axis=0), losses.max(axis=0), color=f"C{k}",
+                               alpha=0.2, linewidth=0)
+        late = np.array(iters) >= iters[-1] / 5
+        tops.append(losses.max(axis=0)[late].max())
+        bottom = losses.min()
+    if tops:
+        # the first steps' losses are many times the end's: cut them off so the end shows
+        top = max(tops)
+        ax_curves.set_ylim(bottom - 0.05 * (top - bottom), top + 0.1 * (top - bottom))
+    ax_curves.set(title="val loss: mean over seeds, band from min to max", xlabel="iteration",
+                  ylabel="val loss")
+    ax_curves.legend(fontsize=TEXT_PT + 1)
+    compared = [(k, row) for k, row in enumerate(table["configs"])
+                if row["config"] != reference and row["val_difference"]
+                and row["val_difference"]["paired"]]
+    for x, (k, row) in enumerate(compared):
+        d = row["val_difference"]["differences"]
+        spread = np.linspace(-0.12, 0.12, len(d)) if len(d) > 1 else np.zeros(1)  # ties stay seen
+        ax_diffs.scatter(x + spread, d, color=f"C{k}", zorder=3)
+        ax_diffs.hlines(np.mean(d), x - 0.25, x + 0.25, color="black", linewidth=2, zorder=4)
+    ax_diffs.axhline(0, color="grey", linestyle="--", linewidth=1)
+    ax_diffs.set_xticks(range(len(compared)),
+                        [f"{row['config']}\n{row['val_difference']['verdict']}" for _, row in compared])
+    ax_diffs.set_xlim(-0.6, max(len(compared), 1) - 0.4)
+    ax_diffs.set(title=f"at the end, per seed: val loss − {reference}'s (bar: mean)",
+                 ylabel=f"val loss − {reference}'s")
+    if not compared:
+        ax_diffs.text(0.5, 0.5, "no config with a seed finished by it and the reference",
+                      ha="center", va="center", transform=ax_diffs.transAxes)
+    for ax in (ax_curves, ax_diffs):
+        ax.tick_params(labelsize=TEXT_PT)
+    return fig
+
+
+def draw_picture(table, args):
+    """Draws the study's picture to --plot, or else OUT_ROOT/study.png when matplotlib is
+    installed (written whole, or not at all). matplotlib is needed for this alone."""
+    path = args.plot or os.path.join(args.out_root, "study.png")
+    if not any(row["seeds_finished"] for row in table["configs"]):
+        print(f"note: no run finished: no picture {path}")
+        return
+    try:
+        import matplotlib
+    except ImportError:
+        if args.plot:
+            raise UserError("--plot draws with matplotlib: pip install matplotlib "
+                            "(the table is written)") from None
+        print(f"note: no picture {path}: it needs matplotlib (pip install matplotlib)")
+        return
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    fig = study_figure(table, plt)
+    try:
+        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+    finally:
+        plt.close(fig)
+    print(f"wrote {path}")
 
 
 def acknowledgement(signum):
@@ -569,7 +806,7 @@ def train_study(runs, slots, args):
     with cli.StopRequests(acknowledgement) as stop:
         failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
     if stop.signum:
-        write_table(runs, args.seeds, args.flags, args.out_root)
+        write_table(runs, args)
         raise cli.Stopped(stop.signum, f"stopped by {signal.Signals(stop.signum).name}: every run that was "
                                        f"training saved its state; the same command resumes the study")
     return failed
@@ -585,7 +822,8 @@ def main(argv):
     lock = None if args.report_only else FolderLock(args.out_root, "study.lock", "study.py", "out_root")
     try:
         failed = [] if args.report_only else train_study(runs, slots, args)
-        write_table(runs, args.seeds, args.flags, args.out_root)
+        table = write_table(runs, args)
+        draw_picture(table, args)
     except BaseException:
         if lock:  # removes out_root if the lock made it and nothing was written there since
             lock.undo()

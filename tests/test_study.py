@@ -7,16 +7,22 @@ Run: python -m pytest -q test_study.py
 """
 
 import contextlib
+import importlib.util
 import io
+import itertools
 import json
+import math
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+from fractions import Fraction
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -457,14 +463,18 @@ def test_val_difference_paired_and_unpaired():
         return [dict(seed=seed, finished=val is not None, val_loss=val) for seed, val in vals.items()]
 
     reference = results({1: 3.0, 2: 3.2, 3: None})
-    paired = study.val_difference(results({1: 2.9, 2: 3.0, 3: 3.5}), reference)  # seed 3: only one side
-    assert paired["paired"] and paired["n"] == 2
+    paired = study.val_difference(results({1: 2.9, 2: 3.0, 3: 3.5}), reference, 0.05)  # seed 3: one side
+    assert paired["paired"] and paired["n"] == 2 and paired["seeds"] == [1, 2]
     assert paired["mean"] == pytest.approx(-0.15) and paired["std"] == pytest.approx(np.std([-0.1, -0.2], ddof=1))
-    unpaired = study.val_difference(results({3: 3.1, 4: 3.3}), reference)
+    assert paired["p_value"] == 0.5 and paired["verdict"] == "too few seeds (n = 2: p ≥ 0.5)"
+    assert study.test_cells(paired) == ["too few seeds (n = 2: p ≥ 0.5)", "0.5 (n = 2)",
+                                        str(paired["seeds_needed"])]
+    unpaired = study.val_difference(results({3: 3.1, 4: 3.3}), reference, 0.05)
     assert not unpaired["paired"] and unpaired["mean"] == pytest.approx(3.2 - 3.1)
     assert unpaired["std"] == pytest.approx(np.hypot(np.std([3.1, 3.3], ddof=1), np.std([3.0, 3.2], ddof=1)))
+    assert "p_value" not in unpaired and study.test_cells(unpaired) == ["-", "-", "-"]  # no test
     assert study.format_stat(dict(mean=3.21, std=None)) == "3.2100"  # one seed: no ±
-    assert study.val_difference(results({1: None}), reference) is None
+    assert study.val_difference(results({1: None}), reference, 0.05) is None
 
 
 def test_flags_as_key_space_value():
@@ -482,6 +492,8 @@ def test_flags_as_key_space_value():
     (["config/baseline.py", "--seeds="], "--seeds takes distinct comma-separated integers"),
     (["config/baseline.py", "--seed=3"], "study.py sets --seed for each run itself"),
     (["config/baseline.py", "--gpus=a"], "--gpus takes distinct comma-separated integers"),
+    (["config/baseline.py", "--threshold=1.5"], "--threshold is a p-value between 0 and 1"),
+    (["config/baseline.py", "--threshold=x"], "argument --threshold: invalid float value: 'x'"),
     (["config/baseline.py", "--max_itres=3"], "unknown key max_itres; did you mean max_iters?"),
     (["config/baseline.py", "baseline.py"], "two configs share a name"),
     # a flag that one config of the study refuses: that config is named
@@ -507,8 +519,224 @@ def test_report_only_lists_unfinished_runs_and_the_writeup(tmp_path, monkeypatch
     status, out, _ = run_study(["config/baseline.py", "config/future50_mse.py", "--seeds=1", f"--out_root={tmp_path}",
                                 "--report_only", "--max_iters=300"])
     assert status == 0
-    assert "| baseline | 0 of 1 | - | - | - | - | - | 2.937 | 3.424 | (reference) | - | 16,036,800 |" in out
-    assert "| future50_mse | 0 of 1 | - | - | - | - | - | 3.017 | 3.419 | -0.005 | 0.07681 | 15,817,248 |" in out
+    assert ("| baseline | 0 of 1 | - | - | - | - |  |  |  | - | 2.937 | 3.424 | (reference) | - "
+            "| 16,036,800 |") in out
+    assert ("| future50_mse | 0 of 1 | - | - | - | - | - | - | - | - | 3.017 | 3.419 | -0.005 "
+            "| 0.07681 | 15,817,248 |") in out
+    assert "note: no run finished: no picture" in out
     assert "This study trains unlike them: max_iters 300 (write-up 9000)." in out
     assert "Not finished, left out of the means: baseline-seed1 (not started), future50_mse-seed1 (not started)." in out
     assert not (tmp_path / "baseline-seed1").exists()  # nothing trained
+
+
+# --------------------------------------------------------------------------------------
+# is a difference real? the permutation test, the seeds needed, the verdict
+
+
+def reference_p_value(differences):
+    """The two-sided p-value, slowly and exactly: every sign vector in turn, the differences as
+    exact fractions (decimal strings stay exact), so that a tie is a tie."""
+    d = [Fraction(x) for x in differences]
+    observed = abs(sum(d))
+    flips = list(itertools.product((1, -1), repeat=len(d)))
+    at_least = sum(abs(sum(sign * x for sign, x in zip(signs, d))) >= observed for signs in flips)
+    return Fraction(at_least, len(flips))
+
+
+@pytest.mark.parametrize("differences", [
+    # 0.1 + 0.2 = 0.3 and 0.05 + 0.15 = 0.2: sums that tie exactly, but not in floats
+    ["0.1", "0.2", "0.3", "-0.6", "0.05", "0.15"],
+    ["0", "0", "0.5", "-0.25", "0.25", "0"],  # zeros: flipping them changes nothing
+    ["0", "0", "0", "0"],  # no difference at all: p = 1
+    ["-0.004"] * 6,  # every seed agrees: the smallest p of 6 seeds, 2/64
+    ["0.003"],  # one seed: p = 1
+    ["0.01", "-0.01", "0.02", "-0.02", "0.03"],
+    ["-0.011", "-0.007", "-0.004", "-0.009", "0.002", "-0.006", "-0.008"],
+    [str(x) for x in np.random.default_rng(3).normal(0.002, 0.004, 12)],
+])
+def test_permutation_p_value_against_every_sign_flip(differences):
+    p = study.permutation_p_value([float(x) for x in differences])
+    assert p == pytest.approx(float(reference_p_value(differences)), abs=1e-12)
+    # flipping every sign, or another unit, is the same study
+    assert study.permutation_p_value([-1000 * float(x) for x in differences]) == p
+
+
+def test_beyond_exact_seeds_the_flips_are_drawn(monkeypatch):
+    d = np.random.default_rng(4).normal(0.3, 1.0, 22)
+    drawn = study.permutation_p_value(d)
+    assert study.permutation_p_value(d) == drawn  # the same numbers, the same p
+    monkeypatch.setattr(study, "EXACT_UP_TO", 22)  # all 4 million sign vectors
+    exact = study.permutation_p_value(d)
+    assert 0.01 < exact < 0.5 and drawn == pytest.approx(exact, abs=0.002)
+
+
+def test_smallest_p_value_and_the_verdict_in_words():
+    assert [study.smallest_p_value(n) for n in (1, 3, 6)] == [1.0, 0.25, 0.03125]
+    # the fewest seeds whose smallest p reaches the threshold, counted one by one
+    for threshold in (0.5, 0.25, 0.1, 0.05, 0.01, 0.001):
+        n = study.fewest_seeds(threshold)
+        assert 2 / 2**n <= threshold < 2 / 2 ** (n - 1) or n == 1
+    assert study.fewest_seeds(0.05) == 6
+    assert study.verdict(-0.01, 0.03125, 6, 0.05) == "lower (p = 0.031)"
+    assert study.verdict(0.01, 0.015625, 7, 0.05) == "higher (p = 0.016)"
+    assert study.verdict(0.01, 0.40625, 7, 0.05) == "no evidence (p = 0.41)"
+    assert study.verdict(-0.01, 0.05, 7, 0.05) == "lower (p = 0.05)"  # at the threshold: shown
+    assert study.verdict(-0.01, 0.25, 3, 0.05) == "too few seeds (n = 3: p ≥ 0.25)"
+    assert study.verdict(-0.01, 0.25, 3, 0.25) == "lower (p = 0.25)"  # another threshold
+
+
+def power(n, mean, std, threshold):
+    """The share of studies of n seeds in which the mean of n normal differences lies beyond
+    the threshold's two-sided critical value, on the side of the true mean."""
+    z = NormalDist().inv_cdf(1 - threshold / 2)
+    return NormalDist().cdf(math.sqrt(n) * abs(mean) / std - z)
+
+
+@pytest.mark.parametrize("mean, std, threshold", [
+    (0.005, 0.005, 0.05), (-0.005, 0.01, 0.05), (0.046, 0.02, 0.05), (0.05, 0.001, 0.05),
+    (0.002, 0.01, 0.01), (-0.003, 0.004, 0.2),
+])
+def test_seeds_needed_is_the_fewest_with_the_power(mean, std, threshold):
+    fewest = next(n for n in range(1, 10_000) if power(n, mean, std, threshold) >= study.POWER)
+    assert study.seeds_needed(mean, std, threshold) == max(fewest, study.fewest_seeds(threshold))
+
+
+def test_seeds_needed_without_a_spread_or_a_difference():
+    assert study.seeds_needed(0.005, 0.005, 0.05) == 8  # ((1.96 + 0.84) · 1)² = 7.8
+    assert study.seeds_needed(0.005, None, 0.05) is None  # one seed: no spread
+    assert study.seeds_needed(0.0, 0.01, 0.05) is None
+    assert study.seeds_needed(0.005, 0.0, 0.05) == 6  # identical differences: the exact test's least
+
+
+@pytest.fixture(scope="module")
+def study_copy(finished_study, tmp_path_factory):
+    """A copy of the finished study's folders, for --report_only runs that rewrite its table."""
+    out_root = tmp_path_factory.mktemp("copy") / "study"
+    shutil.copytree(finished_study["out_root"], out_root)
+    argv = [*finished_study["argv"][:3], f"--out_root={out_root}", *finished_study["argv"][4:]]
+    return dict(argv=argv, out_root=out_root)
+
+
+def hand_differences(out_root):
+    """future's val loss minus base's, seed by seed, read plainly from the logs."""
+    return [hand_numbers(os.path.join(out_root, f"future-seed{s}"))[1]
+            - hand_numbers(os.path.join(out_root, f"base-seed{s}"))[1] for s in (1, 2)]
+
+
+def test_the_table_holds_the_test_of_a_real_study(study_copy):
+    # 2 seeds give p ≥ 0.5: at a threshold of 0.5, the test can speak
+    status, out, err = run_study([*study_copy["argv"], "--report_only", "--threshold=0.5"])
+    assert status == 0, out + err
+    table = json.loads((study_copy["out_root"] / "study.json").read_text())
+    text = (study_copy["out_root"] / "study.md").read_text()
+    d = hand_differences(study_copy["out_root"])
+    diff = table["configs"][1]["val_difference"]
+    assert table["threshold"] == 0.5 and diff["seeds"] == [1, 2]
+    assert diff["differences"] == pytest.approx(d, abs=1e-12)
+    p = float(reference_p_value([repr(x) for x in d]))
+    assert diff["p_value"] == p and diff["smallest_p_value"] == 0.5
+    words = (("lower" if np.mean(d) < 0 else "higher") if p <= 0.5 else "no evidence") + f" (p = {p:.2g})"
+    assert diff["verdict"] == words
+    fewest = next(n for n in range(1, 10**6) if power(n, np.mean(d), np.std(d, ddof=1), 0.5) >= 0.8)
+    assert diff["seeds_needed"] == max(fewest, 2)
+    assert f"| {words} | 0.5 (n = 2) | {diff['seeds_needed']} |" in text
+    assert "verdict (p ≤ 0.5)" in text and "Seeds needed: an estimate" in text
+    # at the default threshold, 2 seeds are too few whatever they say
+    assert run_study([*study_copy["argv"], "--report_only"])[0] == 0
+    text = (study_copy["out_root"] / "study.md").read_text()
+    assert "| too few seeds (n = 2: p ≥ 0.5) | 0.5 (n = 2) |" in text
+
+
+# --------------------------------------------------------------------------------------
+# the picture
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+draws = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                           reason="needs matplotlib")
+
+
+def png_size(path):
+    """(width, height) in pixels, from the PNG's header."""
+    with open(path, "rb") as f:
+        header = f.read(24)
+    assert header[:8] == PNG
+    return struct.unpack(">II", header[16:24])
+
+
+@draws
+def test_the_picture_draws_the_runs_numbers(finished_study):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection, PolyCollection
+    out_root = finished_study["out_root"]
+    table = json.loads(open(os.path.join(out_root, "study.json")).read())
+    fig = study.study_figure(table, plt)
+    try:
+        ax_curves, ax_diffs = fig.axes
+        for line, name in zip(ax_curves.get_lines(), ("base", "future")):
+            val = [[r["val_loss"] for r in read_log(os.path.join(out_root, f"{name}-seed{s}"))
+                    if r["type"] == "eval"] for s in (1, 2)]
+            assert list(line.get_xdata()) == [0, 2, 4]
+            assert line.get_ydata() == pytest.approx(np.mean(val, axis=0), abs=1e-12)
+            # the band: from the min to the max over the seeds, at every iteration
+            [band] = [c for c in ax_curves.collections
+                      if isinstance(c, PolyCollection) and c.get_facecolor()[0][:3]
+                      == pytest.approx(matplotlib.colors.to_rgb(line.get_color()))]
+            corners = {(round(x), round(y, 9)) for x, y in band.get_paths()[0].vertices}
+            for k, it in enumerate((0, 2, 4)):
+                low, high = min(v[k] for v in val), max(v[k] for v in val)
+                assert {(it, round(low, 9)), (it, round(high, 9))} <= corners
+        verdict = table["configs"][1]["val_difference"]["verdict"]
+        legend = [t.get_text() for t in ax_curves.get_legend().get_texts()]
+        assert legend == ["base (reference)", f"future: {verdict}"]
+        [dots] = [c for c in ax_diffs.collections if isinstance(c, PathCollection)]
+        d = hand_differences(out_root)
+        assert list(np.asarray(dots.get_offsets())[:, 1]) == pytest.approx(d, abs=1e-12)
+        [mean_bar] = [c for c in ax_diffs.collections if not isinstance(c, PathCollection)]
+        assert list(mean_bar.get_segments()[0][:, 1]) == pytest.approx([np.mean(d)] * 2, abs=1e-12)
+        assert [t.get_text() for t in ax_diffs.get_xticklabels()] == [f"future\n{verdict}"]
+    finally:
+        plt.close(fig)
+
+
+@draws
+def test_the_picture_fits_a_screen(study_copy, tmp_path, monkeypatch):
+    import matplotlib.text
+    figure, smallest_text = study.study_figure, []
+
+    def measured_figure(table, plt):
+        fig = figure(table, plt)
+        fig.canvas.draw()  # tick labels exist once drawn
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+        smallest_text.append(min(t.get_fontsize() for t in texts) * study.DPI / 72)  # points -> px
+        return fig
+
+    monkeypatch.setattr(study, "study_figure", measured_figure)
+    path = tmp_path / "picture.png"
+    status, out, err = run_study([*study_copy["argv"], "--report_only", f"--plot={path}"])
+    assert status == 0 and f"wrote {path}\n" in out, out + err
+    width, height = png_size(path)
+    assert width <= 1600 and height <= 1000 and smallest_text[0] >= 10, (width, height, smallest_text)
+    assert os.listdir(tmp_path) == ["picture.png"]  # no temporary file left
+
+
+@draws
+def test_a_study_draws_its_picture_at_the_end(finished_study):
+    assert f"wrote {finished_study['out_root']}/study.png" in finished_study["out"]
+    assert png_size(os.path.join(finished_study["out_root"], "study.png"))[0] > 0
+
+
+def test_without_matplotlib_the_table_is_written_and_the_picture_named(study_copy, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    (study_copy["out_root"] / "study.md").unlink()
+    status, out, err = run_study([*study_copy["argv"], "--report_only", f"--plot={tmp_path}/a.png"])
+    assert status == 1 and err == ("error: --plot draws with matplotlib: pip install matplotlib "
+                                   "(the table is written)\n")
+    assert (study_copy["out_root"] / "study.md").exists() and os.listdir(tmp_path) == []
+    status, out, err = run_study([*study_copy["argv"], "--report_only"])
+    assert status == 0 and err == ""
+    assert (f"note: no picture {study_copy['out_root']}/study.png: it needs matplotlib "
+            "(pip install matplotlib)") in out
