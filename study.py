@@ -447,12 +447,14 @@ def permutation_p_value(differences):
     d = np.asarray(differences, dtype=np.float64)
     n = len(d)
     exact = n <= EXACT_UP_TO
-    # sign vector k flips d_i when bit i of k is set: every vector exactly once
     vectors = np.arange(2**n) if exact else None
     rng = np.random.default_rng(0)
     sums = np.zeros(2**n if exact else RANDOM_FLIPS)  # the sum ranks as the mean does, n fixed
     for i, d_i in enumerate(d):
-        flipped = (vectors >> i) & 1 == 1 if exact else rng.random(RANDOM_FLIPS) < 0.5
+        if exact:  # sign vector k flips d_i when bit i of k is set: every vector exactly once
+            flipped = ((vectors >> i) & 1).astype(bool)
+        else:
+            flipped = rng.random(RANDOM_FLIPS) < 0.5
         sums += np.where(flipped, -d_i, d_i)
     # sums added in another order differ in their last bits: a tie must count as one
     tolerance = 1e-9 * np.abs(d).sum()
@@ -462,7 +464,8 @@ def permutation_p_value(differences):
 
 
 def smallest_p_value(n):
-    """The smallest p-value n seeds can give: all d of one sign, only those flips tie."""
+    """The smallest p-value n seeds can give: with every d of one sign, only the observed
+    signs and their opposite reach the observed |mean|."""
     return 2 / 2**n
 
 
@@ -497,7 +500,6 @@ def verdict(mean, p, n, threshold):
     if p <= threshold:
         return f"{'lower' if mean < 0 else 'higher'} (p = {format_p(p)})"
     return f"no evidence (p = {format_p(p)})"
-
 
 
 # --------------------------------------------------------------------------------------
@@ -622,7 +624,7 @@ def format_aux(stat):
     return f"{stat['mean']:.4g} ± {stat['std']:.2g}"
 
 
-def test_cells(diff):
+def verdict_cells(diff):
     """The verdict, smallest p-value and seeds-needed cells of a config's row."""
     if diff is None or not diff["paired"]:
         return ["-", "-", "-"]
@@ -631,7 +633,7 @@ def test_cells(diff):
     return [diff["verdict"], smallest, "-" if needed is None else str(needed)]
 
 
-def test_note(reference, threshold):
+def verdict_note(reference, threshold):
     """The lines under the table that say how the verdict and the seeds needed were made."""
     z = statistics.NormalDist().inv_cdf
     return [
@@ -675,7 +677,7 @@ def markdown(table, out_root):
             paired = diff is None or diff["paired"]
             diff_text = format_stat(diff, sign="+") + ("" if paired else " *")
             unpaired |= not paired
-            tests = test_cells(diff)
+            tests = verdict_cells(diff)
         cells = [row["config"], f"{len(row['seeds_finished'])} of {n_seeds}",
                  f"{row['params']:,}" if row["params"] else "-",
                  format_stat(row["train_loss"]), format_stat(row["val_loss"]), diff_text, *tests,
@@ -693,7 +695,7 @@ def markdown(table, out_root):
     if unpaired:
         lines.append("* no seed finished by both: the difference of the means ± "
                      "sqrt(std² + std_ref²), and no test.")
-    lines += test_note(reference, threshold)
+    lines += verdict_note(reference, threshold)
     differs = sorted({f"{k} {v['study']} (write-up {v['writeup']})"
                       for row in table["configs"] if row["writeup"]
                       for k, v in row["writeup"]["differs"].items()})

@@ -499,13 +499,13 @@ def test_val_difference_paired_and_unpaired():
     assert paired["mean"] == pytest.approx(-0.15)
     assert paired["std"] == pytest.approx(np.std([-0.1, -0.2], ddof=1))
     assert paired["p_value"] == 0.5 and paired["verdict"] == "too few seeds (n = 2: p ≥ 0.5)"
-    assert study.test_cells(paired) == ["too few seeds (n = 2: p ≥ 0.5)", "0.5 (n = 2)",
+    assert study.verdict_cells(paired) == ["too few seeds (n = 2: p ≥ 0.5)", "0.5 (n = 2)",
                                         str(paired["seeds_needed"])]
     unpaired = study.val_difference(results({3: 3.1, 4: 3.3}), reference, 0.05)
     assert not unpaired["paired"] and unpaired["mean"] == pytest.approx(3.2 - 3.1)
     spread = np.hypot(np.std([3.1, 3.3], ddof=1), np.std([3.0, 3.2], ddof=1))
     assert unpaired["std"] == pytest.approx(spread)
-    assert "p_value" not in unpaired and study.test_cells(unpaired) == ["-", "-", "-"]  # no test
+    assert "p_value" not in unpaired and study.verdict_cells(unpaired) == ["-", "-", "-"]  # no test
     assert study.format_stat(dict(mean=3.21, std=None)) == "3.2100"  # one seed: no ±
     assert study.val_difference(results({1: None}), reference, 0.05) is None
 
