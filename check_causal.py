@@ -38,14 +38,18 @@ tensor, a tuple or list that starts with one, or an object with .logits (HF's Mo
 
 The model is checked as the factory builds it, at its own sizes (16 positions spread over T;
 --positions=0 for every one), with the same two exact checks in eval and train mode and the
-same probe (on a fresh model from the factory, at its own init). The vocabulary and the length
-come from --vocab_size and --block_size, else from the model (config.vocab_size; config.n_positions,
-max_position_embeddings, block_size or max_seq_len, in its config or on itself), the vocabulary
-else from the logits' size. The token embeddings, for the gradient check, are the model's
+same probe (on a fresh model from the factory, at its own init). The length T comes from
+--block_size, else from the model's config (n_positions, max_position_embeddings, block_size or
+max_seq_len, in its config or on itself), else from the model itself (a square mask buffer, a
+position table: an nn.Embedding that is not the token one), else it is 64; where the forward
+fails at T, shorter lengths are tried and the longest that works is checked. The first line of
+each model's report says which. The vocabulary comes from --vocab_size, config.vocab_size, else
+the logits' size. The token embeddings, for the gradient check, are the model's
 get_input_embeddings() (HF's way), else its one nn.Embedding with a row per token, else the
 module --embedding=ATTR.PATH names. In train mode every forward starts from the same random
 state, so dropout draws the same masks and the checks stay exact. Exit status 2 also means a
-model the tool cannot read; the message says what it expected.
+model the tool cannot read (one that fails at every length, say); the message says what it
+expected.
 """
 
 import contextlib
@@ -81,7 +85,9 @@ CHECK_DEFAULTS = dict(
 MODEL_DEFAULTS = dict(
     model="",  # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks each
     vocab_size=0,  # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
-    block_size=0,  # T of the checks (and a shorter T); 0 = the model's config.n_positions, max_position_embeddings, ...
+    # T of the checks (and a shorter T); 0 = found: the model's config (n_positions, ...), else its
+    # mask buffer or position table, else 64; a T where the forward fails backs off to a shorter one
+    block_size=0,
     embedding="",  # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
     keep_weights=False,  # check the model's own weights, not weights drawn afresh
     seed=1337,  # the random weights, tokens and dropout masks
@@ -90,6 +96,8 @@ MODEL_DEFAULTS = dict(
 MODEL_DEFAULTS["positions"] = 16  # as --full_size: a forward and a backward per position at the model's own size
 SWITCHES = dict(full_size=True, probe=True, keep_weights=True)  # `--probe` alone means --probe=True
 LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")  # where models say their T
+DEFAULT_LENGTH = 64  # T of a model that gives none (ALiBi, rotary, a convolution, a mixer)
+LENGTH_STEPS = 4  # lengths tried one by one below one the forward fails at, before halving
 
 CHECK_WIDTH = 48  # n_embd of the shrunk model: the nearest multiple of the head counts
 CHECK_BLOCK_SIZE = 24
@@ -553,9 +561,15 @@ def blamed_on_the_model(doing):
     except UserError:
         raise
     except Exception as e:
-        text = (e.msg if isinstance(e, SyntaxError) else str(e)).strip()  # a SyntaxError's str() repeats where
-        message = text.splitlines()[0] if text else ""
-        raise CheckError(f"{doing} failed: {type(e).__name__}{': ' + message if message else ''} ({where(e)})") from e
+        raise CheckError(f"{doing} failed: {in_one_line(e)}") from e
+
+
+def in_one_line(error):
+    """'RuntimeError: what it says (file, line N)': the first line of an error, and where."""
+    # a SyntaxError's str() repeats where it is; its msg does not
+    text = (error.msg if isinstance(error, SyntaxError) else str(error)).strip()
+    message = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}{': ' + message if message else ''} ({where(error)})"
 
 
 def where(error):
@@ -650,12 +664,9 @@ def token_embedding(model, vocab_size, path):
             return model.get_submodule(path), f"--embedding={path}"
         except AttributeError:
             raise ConfigError(f"--embedding={path}: the model has no module {path}; {listed}") from None
-    get_input_embeddings = getattr(model, "get_input_embeddings", None)
-    if callable(get_input_embeddings):
-        with contextlib.suppress(NotImplementedError):
-            module = get_input_embeddings()
-            if module in names:
-                return module, f"{names[module]}, its get_input_embeddings()"
+    module = input_embeddings(model)
+    if module is not None:
+        return module, f"{names[module]}, its get_input_embeddings()"
     rows = [name for name in embeddings if model.get_submodule(name).num_embeddings == vocab_size]
     if len(rows) == 1:
         return model.get_submodule(rows[0]), f"{rows[0]}, the one nn.Embedding of {vocab_size} rows"
@@ -664,31 +675,152 @@ def token_embedding(model, vocab_size, path):
                      f"output is the token embeddings with --embedding=ATTR.PATH")
 
 
+def input_embeddings(model):
+    """The module model.get_input_embeddings() (HF's way) returns, when it is one of the model's;
+    else None."""
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(get_input_embeddings):
+        with contextlib.suppress(NotImplementedError):
+            module = get_input_embeddings()
+            if any(module is own for own in model.modules()):
+                return module
+    return None
+
+
+def mask_buffers(model):
+    """[(name, T)] of the buffers that hold one square mask (T, T), every leading size 1: bool,
+    or of two values (1 and 0, 0 and -inf), as nanoGPT's causal `bias` is."""
+    found = []
+    for name, buffer in model.named_buffers():
+        if buffer.dim() < 2 or buffer.size(-1) < 2 or buffer.numel() != buffer.size(-2) ** 2:
+            continue
+        if buffer.size(-1) != buffer.size(-2):
+            continue
+        if buffer.dtype == torch.bool or buffer.unique().numel() <= 2:
+            found.append((name, buffer.size(-1)))
+    return found
+
+
+def position_tables(model, vocab_size):
+    """[(name, rows)] of the nn.Embedding modules that are not the token embedding: neither
+    get_input_embeddings() nor of vocab_size rows (any, when vocab_size is None)."""
+    tokens = input_embeddings(model)
+    return [(name, module.num_embeddings) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Embedding) and module is not tokens
+            and module.num_embeddings != vocab_size]
+
+
+def length_in_the_model(model, vocab_size):
+    """(T, where it was found) from the model's own modules: the largest of its square mask
+    buffers and position tables (a table of token types, say, is smaller); (None, None) when
+    it has neither."""
+    masks = [(T, f"mask buffer {name} ({T}×{T})") for name, T in mask_buffers(model)]
+    tables = [(T, f"position table {name} (an nn.Embedding of {T} rows)")
+              for name, T in position_tables(model, vocab_size)]
+    if not masks + tables:
+        return None, None
+    T = max(size for size, _ in masks + tables)
+    # the first of each kind that says T, so that a mask and a table that agree are both named
+    named = [next((what for size, what in kind if size == T), None) for kind in (masks, tables)]
+    return T, "its " + " and ".join(what for what in named if what)
+
+
+def vocabulary_of_a_forward(checked, model):
+    """The logits' last size: which nn.Embedding holds the tokens, when nothing else says, is
+    the one with a row per logit. The forward runs at T=2, else at the size of each table and
+    mask, shortest first (a model may run at one length only); None if it fails at all."""
+    sizes = [T for _, T in mask_buffers(model) + position_tables(model, None)]
+    for T in sorted({2, *sizes}):
+        if forward_error(checked, T) is None:
+            return logits_of(checked, torch.zeros(1, T, dtype=torch.long), None).size(-1)
+    return None
+
+
+def forward_error(model, T):
+    """The error of a forward of token ids (1, T) through model (a FactoryModel in eval mode),
+    or None when it works. An error of ours (logits the checks cannot read) is raised."""
+    try:
+        logits_of(model, torch.zeros(1, T, dtype=torch.long), None)
+    except UserError:
+        raise
+    except Exception as e:
+        return e
+    return None
+
+
+def lengths_to_try(T):
+    """T, then T-1 .. T-LENGTH_STEPS (an offset: RoBERTa-style position ids start at
+    padding_idx + 1, so max_position_embeddings is 2 more than the longest input), then T
+    halved and halved again, down to 2."""
+    tries = [length for length in range(T, T - LENGTH_STEPS - 1, -1) if length >= 2]
+    half = T // 2
+    while half >= 2:
+        if half < tries[-1]:
+            tries.append(half)
+        half //= 2
+    return tries
+
+
+def longest_working_length(spec, model, T):
+    """(the first of lengths_to_try(T) at which the forward works, the error at T or None).
+    A model that fails at every one is refused, with the first error."""
+    tries = lengths_to_try(T)
+    first_error = None
+    for length in tries:
+        error = forward_error(model, length)
+        if error is None:
+            return length, first_error
+        first_error = first_error or error
+    raise CheckError(f"{spec}: the forward of token ids (1, T) fails at every length tried, T={T} "
+                     f"down to {tries[-1]}; at T={T}: {in_one_line(first_error)}")
+
+
 def read_model(spec, options, log=print):
-    """(factory, the model ready for the checks, vocab_size, block_size, token embedding module)
-    for spec, MODULE:FACTORY; logs how each was found."""
+    """(factory, the model ready for the checks, vocab_size, the lengths to check at, token
+    embedding module) for spec, MODULE:FACTORY; logs how each was found, the length first."""
     factory = load_factory(spec)
     model = build_from(spec, factory, options["seed"])
-    log(f"{spec}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"checked at its own sizes")
-    block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
-    if block_size is None:
-        raise CheckError(f"{spec}: cannot tell the model's length: none of {', '.join(LENGTH_NAMES)} in its "
-                         f"config or on the model; give it with --block_size=T")
-    if block_size < 2:
-        raise ConfigError(f"block_size must be at least 2 for a position to have a future, got {block_size}")
     checked = FactoryModel(model).double()
     if not options["keep_weights"]:
         randomize(checked, torch.Generator().manual_seed(options["seed"]))
+    checked.eval()
     vocab_size, vocab_from = size_of(model, ("vocab_size",), options["vocab_size"], "vocab_size")
-    with blamed_on_the_model(f"{spec}: the forward of token ids (1, {block_size})"):
-        logits = logits_of(checked.eval(), torch.zeros(1, block_size, dtype=torch.long), None)
+    # the length: the flag, the config fields, the model's own tables, else a default
+    block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
+    if block_size is None:
+        vocabulary = vocab_size
+        if vocabulary is None and input_embeddings(model) is None:
+            vocabulary = vocabulary_of_a_forward(checked, model)
+        block_size, length_from = length_in_the_model(model, vocabulary)
+    if block_size is None:
+        block_size = DEFAULT_LENGTH
+        length_from = ("the default: the model gives no length (no config field, mask buffer or "
+                       "position table)")
+    if block_size < 2:
+        raise ConfigError(f"block_size must be at least 2 for a position to have a future, "
+                          f"got {block_size}")
+    T, error = longest_working_length(spec, checked, block_size)
+    if T == block_size:
+        found = f"T={T} from {length_from}"
+    else:
+        found = (f"T={T}, the longest length tried that works: T={block_size}, from {length_from}, "
+                 f"fails ({in_one_line(error)})")
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"{spec}: {type(model).__name__}, {parameters:,} parameters; {found}")
+    logits = logits_of(checked, torch.zeros(1, T, dtype=torch.long), None)
     if vocab_size is None:
         vocab_size, vocab_from = logits.size(-1), "the logits' last dimension"
     embedding, embedding_from = token_embedding(model, vocab_size, options["embedding"])
-    log(f"  vocab_size {vocab_size} from {vocab_from}; block_size {block_size} from {length_from}; "
-        f"token embeddings from {embedding_from}")
-    return factory, checked, vocab_size, block_size, embedding
+    log(f"  vocab_size {vocab_size} from {vocab_from}; token embeddings from {embedding_from}")
+    lengths = [T]
+    shorter = max(2, 2 * T // 3)
+    if shorter < T:
+        error = forward_error(checked, shorter)
+        if error is None:
+            lengths.append(shorter)
+        else:
+            log(f"  T={shorter} skipped: the forward fails there ({in_one_line(error)})")
+    return factory, checked, vocab_size, lengths, embedding
 
 
 def probe_factory(spec, factory, options, log=print):
@@ -726,28 +858,29 @@ def check_models(argv):
     """The exact checks (and the probe) of each model of --model; exit status 0, 1 or 2."""
     options = parse_model_args(argv)
     specs = options["model"].split(",")
-    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
     weights = "the model's own weights" if options["keep_weights"] else "random weights (every parameter)"
-    print(f"float64 on the CPU, {weights}, batch {options['batch']}, {which}, seed {options['seed']}")
+    print(what_the_checks_do(weights, options["batch"], options["positions"], options["seed"]))
     failed, threads = [], torch.get_num_threads()
     for spec in specs:
-        factory, model, vocab_size, block_size, embedding = read_model(spec, options)
+        factory, model, vocab_size, lengths, embedding = read_model(spec, options)
         n, V = options["probe_length"], options["probe_vocab"]
-        if options["probe"] and (n > block_size or V > vocab_size):
-            raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and vocab_size >= {V}; "
-                              f"the model has {block_size} and {vocab_size}: lower --probe_length or --probe_vocab")
+        if options["probe"] and (n > lengths[0] or V > vocab_size):
+            raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and "
+                              f"vocab_size >= {V}; the model has {lengths[0]} and {vocab_size}: "
+                              f"lower --probe_length or --probe_vocab")
         # tensors this small keep one core busy; more threads only wait
-        torch.set_num_threads(1 if sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW else threads)
+        small = sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW
+        torch.set_num_threads(1 if small else threads)
+        runs = [(mode, T, None) for mode in ("eval", "train") for T in lengths]
         t0 = time.perf_counter()
         with blamed_on_the_model(f"{spec}: a forward or backward of the checks"):
-            leak = check_settings(model, settings_of(None, block_size), vocab_size, embedding,
-                                  batch=options["batch"], positions=options["positions"], seed=options["seed"])
+            leak = check_settings(model, runs, vocab_size, embedding, batch=options["batch"],
+                                  positions=options["positions"], seed=options["seed"])
         if leak:
             print(leak)
             failed.append(spec)
             continue
-        print(f"causal: no logit depends on a later token (each token changed in turn, and by gradient), in eval "
-              f"and train mode [the checks: {time.perf_counter() - t0:.1f} s]")
+        print(f"{CAUSAL} [the checks: {time.perf_counter() - t0:.1f} s]")
         if options["probe"]:
             print(f"probe: reversal of {n} digits 0..{V - 1}, the factory's model at its own init")
             result = probe_factory(spec, factory, options)
@@ -758,6 +891,17 @@ def check_models(argv):
         print(f"{len(specs) - len(failed)} of {len(specs)} models causal"
               + (f"; not causal: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+CAUSAL = "causal: no logit depends on a later token in the checks above"
+
+
+def what_the_checks_do(weights, batch, positions, seed):
+    """The one line that says what every exact check does; CAUSAL, the verdict, refers to it."""
+    which = f"{positions} positions spread over T" if positions else "every position"
+    return (f"each check, in float64 on the CPU with {weights}, batch {batch}, seed {seed}: at "
+            f"{which}, change the token (no earlier logit may move) and take the gradient of the "
+            f"logits (no later token embedding may have one)")
 
 
 # --------------------------------------------------------------------------------------
@@ -806,16 +950,14 @@ def main(argv):
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
     else:
         print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
-    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
-    print(f"float64 on the CPU, random weights (every parameter), batch {options['batch']}, {which}, "
-          f"seed {config['seed']}")
+    print(what_the_checks_do("random weights (every parameter)", options["batch"],
+                             options["positions"], config["seed"]))
     leak = check(model_type, model_args, batch=options["batch"], positions=options["positions"],
                  seed=config["seed"])
     if leak:
         print(leak)
         return 1
-    print("causal: no logit depends on a later token (each token changed in turn, and by gradient), "
-          "in eval and train mode")
+    print(CAUSAL)
     if probe_args:
         print(f"probe: reversal of {options['probe_length']} digits 0..{options['probe_vocab'] - 1}; {probe_changes}")
         result = probe(model_type, probe_args, options, seed=config["seed"])

@@ -161,7 +161,9 @@ def test_the_summary_names_what_was_shrunk(capsys):
     out = capsys.readouterr().out
     assert ("shrunk to run in seconds (--full_size=True checks the config's own sizes): vocab_size 50257 → 64, "
             "block_size 200 → 24, n_layer 26 → 2, n_embd 160 → 50, dropout 0.2 → 0.0") in out
-    assert out.rstrip().endswith("in eval and train mode")
+    # what the checks do is said once, and the verdict refers to it
+    assert out.count(" change the token (no earlier logit may move) and take the gradient ") == 1
+    assert out.rstrip().endswith(check_causal.CAUSAL)
 
 
 def test_bad_settings_exit_2(capsys):
@@ -466,16 +468,122 @@ def not_a_model():
     return "a model"
 """
 
+# models that give no length in a config field: the checker finds one in the model, or checks at
+# its default, or backs off from a length where the forward fails
+LENGTH_MODELS = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class MaskedAttention(nn.Module):
+    # one head of attention as nanoGPT writes it: a causal mask buffer and a position table of
+    # 16 rows, and no config or length attribute
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(16, 32)
+        self.qkv, self.head = nn.Linear(32, 3 * 32), nn.Linear(32, 64)
+        self.register_buffer("mask", torch.ones(16, 16).tril().view(1, 16, 16))
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(T))
+        q, k, v = self.qkv(x).split(32, dim=-1)  # (B, T, 32) each
+        scores = (q @ k.transpose(1, 2)) / 32 ** 0.5  # (B, T queries, T keys)
+        scores = scores.masked_fill(self.mask[:, :T, :T] == 0, float("-inf"))
+        return self.head(x + scores.softmax(dim=-1) @ v)
+
+
+class BlockMixer(nn.Module):
+    # runs at any length: a running mean of the token embeddings, and (leak=True) the mean of
+    # the block of 8 positions each position is in, which holds the later tokens of its block
+    def __init__(self, leak):
+        super().__init__()
+        self.leak, self.tokens, self.head = leak, nn.Embedding(64, 32), nn.Linear(32, 64)
+
+    def forward(self, idx):
+        x = self.tokens(idx)  # (B, T, 32)
+        B, T, C = x.shape
+        mixed = x.cumsum(1) / torch.arange(1, T + 1).view(-1, 1)
+        if self.leak:
+            padded = F.pad(x, (0, 0, 0, -T % 8))  # (B, T rounded up to a multiple of 8, 32)
+            blocks = padded.view(B, -1, 8, C).mean(2)  # (B, number of blocks, 32)
+            mixed = mixed + blocks.repeat_interleave(8, dim=1)[:, :T]
+        return self.head(mixed)
+
+
+class Offset(nn.Module):
+    # RoBERTa's way: position ids start at padding_idx + 1 = 2, so the table of
+    # max_position_embeddings = 18 rows serves inputs of up to 16 tokens
+    max_position_embeddings = 18
+
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(18, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(2, T + 2))
+        return self.head(x.cumsum(1))
+
+
+class ExactLength(nn.Module):
+    # adds its whole position table: it runs at 12 tokens and at no other length
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(12, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, idx):
+        return self.head((self.tokens(idx) + self.positions.weight).cumsum(1))
+
+
+class NoLength(nn.Module):
+    # fails at every length
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(64, 32)
+
+    def forward(self, idx):
+        raise RuntimeError(f"no forward at {idx.size(1)} tokens")
+
+
+def masked_attention():
+    return MaskedAttention()
+
+
+def block_mixer():
+    return BlockMixer(leak=True)
+
+
+def running_mean():
+    return BlockMixer(leak=False)
+
+
+def offset():
+    return Offset()
+
+
+def exact_length():
+    return ExactLength()
+
+
+def no_length():
+    return NoLength()
+"""
+
 
 @pytest.fixture
 def own_models(tmp_path, monkeypatch):
     """own_models.py (OWN_MODELS) in the current directory, a fresh one; what the checker adds
     to sys.path and sys.modules is undone after."""
     (tmp_path / "own_models.py").write_text(OWN_MODELS)
+    (tmp_path / "length_models.py").write_text(LENGTH_MODELS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield "own_models.py"
-    for name in ("own_models", "mypackage", "mypackage.models"):
+    for name in ("own_models", "length_models", "mypackage", "mypackage.models"):
         sys.modules.pop(name, None)
 
 
@@ -502,12 +610,16 @@ def test_weights_are_redrawn_unless_kept(own_models, capsys):
 
 def test_the_vocabulary_the_length_and_the_embedding_are_found(own_models, capsys):
     assert check_causal.main(["--model=own_models.py:causal"]) == 0
-    assert ("vocab_size 64 from the logits' last dimension; block_size 8 from block_size; token embeddings from "
-            "embed, the one nn.Embedding of 64 rows") in capsys.readouterr().out
-    assert check_causal.main(["--model=own_models.py:two_embeddings", "--embedding=embed", "--vocab_size=50",
-                              "--block_size=6"]) == 0
-    assert "vocab_size 50 from --vocab_size; block_size 6 from --block_size; token embeddings from --embedding=embed" \
-        in capsys.readouterr().out
+    out = capsys.readouterr().out
+    header = r"^own_models.py:causal: Tiny, [\d,]+ parameters; T=8 from block_size$"
+    assert re.search(header, out, re.M)
+    assert ("vocab_size 64 from the logits' last dimension; token embeddings from embed, the one "
+            "nn.Embedding of 64 rows") in out
+    assert check_causal.main(["--model=own_models.py:two_embeddings", "--embedding=embed",
+                              "--vocab_size=50", "--block_size=6"]) == 0
+    out = capsys.readouterr().out
+    assert "; T=6 from --block_size\n" in out
+    assert "vocab_size 50 from --vocab_size; token embeddings from --embedding=embed" in out
 
     class HasConfig(torch.nn.Module):
         def __init__(self, config):
@@ -534,6 +646,48 @@ def test_a_dotted_module_is_imported_from_the_current_directory(own_models, caps
     assert "mypackage.models:causal: Tiny, " in capsys.readouterr().out
 
 
+def test_a_length_is_found_in_the_mask_buffer_and_the_position_table(own_models, capsys):
+    assert check_causal.main(["--model=length_models.py:masked_attention"]) == 0
+    out = capsys.readouterr().out
+    assert ("; T=16 from its mask buffer mask (16×16) and position table positions "
+            "(an nn.Embedding of 16 rows)\n") in out
+    assert "token embeddings from tokens, the one nn.Embedding of 64 rows" in out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  ")][1:] == [
+        ["eval", "mode,", "T=16"], ["eval", "mode,", "T=10"], ["train", "mode,", "T=16"],
+        ["train", "mode,", "T=10"]]
+    assert out.rstrip().endswith(" s]") and check_causal.CAUSAL in out
+
+
+def test_a_model_of_any_length_is_checked_at_the_default(own_models, capsys):
+    # a mixer that runs at any length: checked at 64 and 42, where its block average leaks
+    models = "length_models.py:block_mixer,length_models.py:running_mean"
+    assert check_causal.main([f"--model={models}"]) == 1
+    out = capsys.readouterr().out
+    default = "; T=64 from the default: the model gives no length (no config field, mask buffer or "
+    assert out.count(default) == 2
+    leak = (r"^LEAK: logits at position 0 change by \S+ when the token at position 1 "
+            r"changes \(eval mode, T=64\)$")
+    assert re.search(leak, out, re.M)
+    assert out.rstrip().endswith("1 of 2 models causal; not causal: length_models.py:block_mixer")
+
+
+def test_a_length_where_the_forward_fails_backs_off(own_models, capsys):
+    assert check_causal.lengths_to_try(34) == [34, 33, 32, 31, 30, 17, 8, 4, 2]
+    assert check_causal.lengths_to_try(3) == [3, 2] and check_causal.lengths_to_try(2) == [2]
+    # position ids from 2: max_position_embeddings is 18, the longest input 16
+    assert check_causal.main(["--model=length_models.py:offset"]) == 0
+    out = capsys.readouterr().out
+    assert ("; T=16, the longest length tried that works: T=18, from max_position_embeddings, "
+            "fails (IndexError: index out of range in self (") in out
+    assert "  eval mode, T=16 " in out and "  eval mode, T=10 " in out
+    # a model that runs at its table's 12 positions only: checked there, the shorter T skipped
+    assert check_causal.main(["--model=length_models.py:exact_length"]) == 0
+    out = capsys.readouterr().out
+    assert "; T=12 from its position table positions (an nn.Embedding of 12 rows)\n" in out
+    assert "  T=8 skipped: the forward fails there (RuntimeError: " in out
+    assert "  train mode, T=12 " in out and "T=8 " not in out.split("skipped")[1]
+
+
 @pytest.mark.parametrize("flags, error", [
     (["--model=own_models.py"], "error: --model=own_models.py: write MODULE:FACTORY, e.g. --model=my_models.py:"),
     (["--model=nowhere.py:tiny"], "error: no file nowhere.py: MODULE is a .py file"),
@@ -553,6 +707,9 @@ def test_a_dotted_module_is_imported_from_the_current_directory(own_models, caps
     (["--model=own_models.py:causal", "--embedding=head.weight"],
      "error: --embedding=head.weight: the model has no module"),
     (["--model=own_models.py:causal", "--block_size=1"], "error: block_size must be at least 2"),
+    (["--model=length_models.py:no_length"],
+     "error: length_models.py:no_length: the forward of token ids (1, T) fails at every length "
+     "tried, T=64 down to 2; at T=64: RuntimeError: no forward at 64 tokens ("),
     (["--model=own_models.py:causal", "--probe"], "error: the probe's 16 digits 0..9 need block_size >= 16"),
     (["--model=own_models.py:causal", "config/baseline.py"], "error: --model checks the model its factory builds: "
                                                              "give no config file (config/baseline.py) with it"),
@@ -595,6 +752,7 @@ def skip_unless_installed(library):
 
 HF_MODELS = """
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import BloomConfig, BloomForCausalLM, RobertaConfig, RobertaForCausalLM
 
 TINY = dict(vocab_size=64, max_position_embeddings=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4)
@@ -620,21 +778,42 @@ def llama_eager():
 
 def bert():
     return BertForMaskedLM(BertConfig(**TINY))
+
+
+def roberta():  # position ids start at pad_token_id + 1 = 2: inputs of up to 32 tokens
+    config = RobertaConfig(**dict(TINY, max_position_embeddings=34), pad_token_id=1,
+                           is_decoder=True)
+    return RobertaForCausalLM(config)
+
+
+def bloom():  # ALiBi: no length in its config
+    return BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4))
 """
 
 
 def test_hf_transformers_causal_lms_pass_and_bert_leaks(tmp_path):
+    # RoBERTa's length in its config is 2 more than it runs at; BLOOM's config has none
     skip_unless_installed("transformers")
     (tmp_path / "hf_models.py").write_text(HF_MODELS)
-    names = ("gpt2", "gpt2_eager", "llama", "llama_eager", "bert")
-    status, out = check_from_the_command_line(tmp_path, "--model=" + ",".join(f"hf_models.py:{n}" for n in names))
+    names = ("gpt2", "gpt2_eager", "llama", "llama_eager", "bert", "roberta", "bloom")
+    models = ",".join(f"hf_models.py:{n}" for n in names)
+    status, out = check_from_the_command_line(tmp_path, f"--model={models}")
     assert verdicts(out) == {"hf_models.py:gpt2": "causal", "hf_models.py:gpt2_eager": "causal",
                              "hf_models.py:llama": "causal", "hf_models.py:llama_eager": "causal",
-                             "hf_models.py:bert": "LEAK"}, out
+                             "hf_models.py:bert": "LEAK", "hf_models.py:roberta": "causal",
+                             "hf_models.py:bloom": "causal"}, out
+    assert "hf_models.py:roberta: RobertaForCausalLM, " in out
+    assert ("; T=32, the longest length tried that works: T=34, from "
+            "config.max_position_embeddings, fails (") in out
+    assert ("hf_models.py:bloom: BloomForCausalLM, " in out
+            and "; T=64 from the default: the model gives no length" in out)
     assert status == 1
-    assert ("vocab_size 64 from config.vocab_size; block_size 32 from config.n_positions; token embeddings from "
-            "transformer.wte, its get_input_embeddings()") in out
-    assert "block_size 32 from config.max_position_embeddings; token embeddings from model.embed_tokens, its" in out
+    assert "hf_models.py:gpt2: GPT2LMHeadModel, " in out
+    assert "; T=32 from config.n_positions\n" in out
+    assert ("vocab_size 64 from config.vocab_size; token embeddings from transformer.wte, its "
+            "get_input_embeddings()") in out
+    assert "; T=32 from config.max_position_embeddings\n" in out
+    assert "token embeddings from model.embed_tokens, its get_input_embeddings()" in out
     assert re.search(r"LEAK: logits at position 0 change by \S+ when the token at position 1 changes \(eval mode, "
                      r"T=32\)", out)
 
@@ -658,8 +837,9 @@ def test_x_transformers_decoder_passes_and_encoder_leaks(tmp_path):
     status, out = check_from_the_command_line(tmp_path, "--model=xt_models:decoder,xt_models:encoder")  # a dotted path
     assert verdicts(out) == {"xt_models:decoder": "causal", "xt_models:encoder": "LEAK"}, out
     assert status == 1
-    assert ("vocab_size 64 from the logits' last dimension; block_size 32 from max_seq_len; token embeddings from "
-            "token_emb.emb, the one nn.Embedding of 64 rows") in out
+    assert "; T=32 from max_seq_len\n" in out
+    assert ("vocab_size 64 from the logits' last dimension; token embeddings from token_emb.emb, "
+            "the one nn.Embedding of 64 rows") in out
 
 
 TORCH_MODELS = """
@@ -723,7 +903,8 @@ def test_torch_encoder_passes_with_the_causal_mask_and_leaks_without(tmp_path):
     assert verdicts(out) == {"torch_models.py:masked": "causal", "torch_models.py:unmasked": "LEAK",
                              "torch_models.py:softmax_over_queries": "LEAK"}, out
     assert status == 1
-    assert "block_size 32 from --block_size; token embeddings from tokens, the one nn.Embedding of 64 rows" in out
+    assert "; T=32 from --block_size\n" in out
+    assert "token embeddings from tokens, the one nn.Embedding of 64 rows" in out
     assert "causal: accuracy on the first half is at chance" in out
 
 
