@@ -134,7 +134,7 @@ def build(label, config, impl, micro_steps=None):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast; a step
     is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps'
     dtype, autocast = settings.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
@@ -156,8 +156,11 @@ def build(label, config, impl, micro_steps=None):
 
 
 def sync(run):
+    """Waits for the GPU's queued work, so that a time is that of the work, not of queuing it."""
     if run["device"].startswith("cuda"):
         torch.cuda.synchronize(run["device"])
+    elif run["device"].startswith("mps"):
+        torch.mps.synchronize()
 
 
 def step(run):
@@ -555,6 +558,8 @@ def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = True
     bench["peak_flops"] = machine.peak_flops(device) if cuda else None
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    if device.startswith("mps"):
+        name = "Apple GPU (MPS)"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
     print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")
     if bench["sweep_block_size"] or bench["splits"]:  # they build their own models, one shape at a time

@@ -55,7 +55,7 @@ def get_batch(data_dir, split, generator, batch_size, block_size, device):
     if device.startswith("cuda"):
         # pinned memory lets the copy run asynchronously while the GPU works
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y
+    return x.to(device), y.to(device)  # no pinned memory on MPS; on a CPU, the same tensors
 
 
 def get_lr(it, config):
@@ -144,7 +144,7 @@ def train(config):
     with guards.Launch(config, as_script=__name__ == "__main__") as launch:
         rank, world_size, device = launch.rank, launch.world_size, launch.device
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps': autocast's and AdamW's
         dtype, autocast = settings.autocast_for(config["dtype"], device_type)
         config = dict(config, dtype=dtype)  # logged and saved as resolved
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU; no effect on a CPU

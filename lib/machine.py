@@ -6,8 +6,10 @@ sized for a GPU starts there; a CPU that other processes keep busy. A reader of 
 may skip this file.
 """
 
+import functools
 import os
 import time
+import warnings
 
 import torch
 
@@ -25,7 +27,8 @@ PEAK_FLOPS = (
 )
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto = bf16 (else fp16) on CUDA, fp32 on a CPU
+# auto = bf16 (else fp16) on CUDA, fp32 on a CPU, fp32 on MPS unless bf16 autocast works there
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_settings(config):
@@ -57,15 +60,24 @@ def check_settings(config):
 
 
 def check_device(device, dtype="auto"):
-    """'cpu', 'cuda' or 'cuda:N', and the GPU must exist; dtype one of DTYPES."""
+    """'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU), and the GPU must exist; dtype one
+    of DTYPES."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
         kind = torch.device(device).type
     except RuntimeError:
         kind = None
-    if kind not in ("cpu", "cuda"):
-        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"device={device!r} but this machine has no MPS device (an "
+                              f"Apple-silicon GPU, macOS 12.3 or later, a torch built with MPS): "
+                              f"use --device=cpu")
+        if dtype == "bfloat16" and not mps_bf16_autocast_works():
+            raise ConfigError("dtype='bfloat16' but bf16 autocast does not work on this MPS device "
+                              "(it needs macOS 14 or later): use --dtype=float32")
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has no CUDA): use --device=cpu")
@@ -73,6 +85,21 @@ def check_device(device, dtype="auto"):
         if index is not None and index >= torch.cuda.device_count():
             raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
                               f"cuda:{torch.cuda.device_count() - 1}")
+
+
+@functools.cache
+def mps_bf16_autocast_works():
+    """Does a matmul under bf16 autocast run in bf16 on the Apple GPU? torch has no query for it
+    (bf16 on MPS needs macOS 14), so we try one; autocast turns itself off with a warning where
+    a dtype is not supported, and that warning counts as a no."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with torch.autocast("mps", dtype=torch.bfloat16):
+                x = torch.ones(2, 2, device="mps")
+                return (x @ x).dtype == torch.bfloat16
+    except (RuntimeError, TypeError, UserWarning):
+        return False
 
 
 def peak_flops(device):

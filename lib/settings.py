@@ -59,7 +59,7 @@ DEFAULTS = dict(
     lr_decay_iters=700_000,  # far beyond max_iters in the write-ups: the rate stays near its peak
     min_lr=9e-5,
     # system
-    device=DEFAULT_DEVICE,  # 'cpu', 'cuda', 'cuda:1', ...
+    device=DEFAULT_DEVICE,  # 'cpu', 'cuda', 'cuda:1', ..., 'mps' (an Apple-silicon GPU)
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
     compile=True,  # torch.compile the model (set False on a CPU: compiling takes minutes there)
     backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
@@ -92,6 +92,8 @@ def get_config(argv, script_keys=(), check_model=False):
         model_type = configurator.read_flag("model_type", overrides["model_type"], "")
     config = configurator.merge(default_config(model_type), files, overrides, script_keys)
     machine.check_settings(config)  # values that would fail mid-run, the device and the dtype
+    if torch.device(config["device"]).type == "mps" and "compile" not in {**files, **overrides}:
+        config["compile"] = False  # torch.compile on MPS is young: used when asked, not by default
     try:
         if check_model:  # the model's own checks (its GPTConfig), naming the config files they read
             model_args_of(config)
@@ -148,10 +150,13 @@ def build_model(model_type, model_args):
 
 
 def autocast_for(dtype, device_type):
-    """(dtype name, autocast context); 'auto' = bf16 (fp16 if unsupported) on CUDA, fp32 on a CPU."""
+    """(dtype name, autocast context); 'auto' = bf16 (fp16 if unsupported) on CUDA, fp32 on a CPU,
+    and on MPS bf16 where its autocast works there, else fp32."""
     if dtype == "auto":
         if device_type == "cuda":
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        elif device_type == "mps" and machine.mps_bf16_autocast_works():
+            dtype = "bfloat16"
         else:
             dtype = "float32"
     if dtype == "float32":
