@@ -692,12 +692,10 @@ def mask_buffers(model):
     or of two values (1 and 0, 0 and -inf), as nanoGPT's causal `bias` is."""
     found = []
     for name, buffer in model.named_buffers():
-        if buffer.dim() < 2 or buffer.size(-1) < 2 or buffer.numel() != buffer.size(-2) ** 2:
-            continue
-        if buffer.size(-1) != buffer.size(-2):
-            continue
-        if buffer.dtype == torch.bool or buffer.unique().numel() <= 2:
-            found.append((name, buffer.size(-1)))
+        T = buffer.size(-1) if buffer.dim() >= 2 else 0
+        one_square = T >= 2 and buffer.size(-2) == T and buffer.numel() == T * T
+        if one_square and (buffer.dtype == torch.bool or buffer.unique().numel() <= 2):
+            found.append((name, T))
     return found
 
 

@@ -658,6 +658,16 @@ def test_a_length_is_found_in_the_mask_buffer_and_the_position_table(own_models,
     assert out.rstrip().endswith(" s]") and check_causal.CAUSAL in out
 
 
+def test_a_mask_buffer_is_one_square_of_two_values():
+    model = torch.nn.Module()
+    model.register_buffer("causal", torch.ones(8, 8, dtype=torch.bool).tril().view(1, 1, 8, 8))
+    model.register_buffer("additive", torch.full((6, 6), float("-inf")).triu(1))  # 0 and -inf
+    model.register_buffer("table", torch.randn(5, 5))  # square, but not a mask
+    model.register_buffer("per_head", torch.ones(2, 4, 4).tril())  # two masks, not one
+    model.register_buffer("row", torch.ones(1, 7))
+    assert check_causal.mask_buffers(model) == [("causal", 8), ("additive", 6)]
+
+
 def test_a_model_of_any_length_is_checked_at_the_default(own_models, capsys):
     # a mixer that runs at any length: checked at 64 and 42, where its block average leaks
     models = "length_models.py:block_mixer,length_models.py:running_mean"
