@@ -6,7 +6,7 @@ any model type, any options: the model is built as train.py builds it.
     python check_causal.py config/future50_mse.py                   # seconds, on a CPU
     python check_causal.py config/encdec_possub.py --sub_pos=yes_ln # any --key=value of train.py
     python check_causal.py config/baseline.py --full_size=True      # at the config's own sizes
-    python check_causal.py config/future50_mse.py --probe=True      # and the reversal probe (a minute)
+    python check_causal.py config/future50_mse.py --probe=True      # and the reversal probe
 
 The exact checks run in float64 on a CPU with random weights, every parameter drawn afresh
 at a scale where activations stay near 1 (so no zero-initialized bias or tiny weight can
@@ -23,16 +23,16 @@ as configured, at 16 positions spread over T (--positions=0 for every one).
 of the omniverse notebook ("How To Fine-Tune Decoder-Only Models For Sequence
 Classification With Cross-Attention?"): given n random digits, position t must predict
 digit n-1-t. A causal model learns the positions whose digit it has already seen (the
-second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
-reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
-2 a bad setting.
+second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model
+that sees the future reaches near 100%. The probe takes a minute. Exit status: 0 causal, 1 a
+leak (or a probe that learned nothing), 2 a bad setting.
 
 Any PyTorch language model, not only ours: --model=MODULE:FACTORY, where MODULE is a .py
 file or a dotted import path (from the current directory) and FACTORY a function of no
 arguments that returns an nn.Module mapping token ids (B, T) to logits (B, T, vocab): a
 tensor, a tuple or list that starts with one, or an object with .logits (HF's ModelOutput).
 
-    python check_causal.py --model=my_models.py:tiny_gpt2              # HF, x-transformers, your own
+    python check_causal.py --model=my_models.py:tiny_gpt2              # HF, x-transformers, yours
     python check_causal.py --model=my_models.py:gpt2,my_models.py:bert # several, in one process
     python check_causal.py --model=mypackage.models:build --block_size=64 --probe
 
@@ -72,9 +72,10 @@ from lib.cli import ConfigError, UserError
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
     batch=2,  # sequences per forward pass in the exact checks
-    positions=0,  # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
+    # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
+    positions=0,
     probe=False,  # also train the reversal probe
-    probe_length=16,  # n, digits per probe sequence: the probe model's block_size (the notebook's: 16)
+    probe_length=16,  # n, digits per probe sequence: the probe's block_size (the notebook's: 16)
     probe_vocab=10,  # digits 0..probe_vocab-1 (the notebook's: 10)
     probe_seconds=60.0,  # how long the probe trains
     probe_steps=0,  # train this many steps instead, when > 0
@@ -83,19 +84,26 @@ CHECK_DEFAULTS = dict(
 )
 # with --model=MODULE:FACTORY: the model comes from the factory, at its own sizes
 MODEL_DEFAULTS = dict(
-    model="",  # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks each
-    vocab_size=0,  # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
+    # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks
+    # each
+    model="",
+    # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
+    vocab_size=0,
     # T of the checks (and a shorter T); 0 = found: the model's config (n_positions, ...), else its
     # mask buffer or position table, else 64; a T where the forward fails backs off to a shorter one
     block_size=0,
-    embedding="",  # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
+    # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
+    embedding="",
     keep_weights=False,  # check the model's own weights, not weights drawn afresh
     seed=1337,  # the random weights, tokens and dropout masks
-    **{key: value for key, value in CHECK_DEFAULTS.items() if key != "full_size"},  # always at the model's own size
+    # the checker's keys but full_size: a model of a factory is always checked at its own size
+    **{key: value for key, value in CHECK_DEFAULTS.items() if key != "full_size"},
 )
-MODEL_DEFAULTS["positions"] = 16  # as --full_size: a forward and a backward per position at the model's own size
+# as --full_size: a forward and a backward per position at the model's own size
+MODEL_DEFAULTS["positions"] = 16
 SWITCHES = dict(full_size=True, probe=True, keep_weights=True)  # `--probe` alone means --probe=True
-LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")  # where models say their T
+# the fields in which models say their length T
+LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")
 DEFAULT_LENGTH = 64  # T of a model that gives none (ALiBi, rotary, a convolution, a mixer)
 LENGTH_STEPS = 4  # lengths tried one by one below one the forward fails at, before halving
 
@@ -104,7 +112,7 @@ CHECK_BLOCK_SIZE = 24
 CHECK_VOCAB = 64
 CHECK_LAYERS = 2  # per stack; future attention keeps its baseline layers before and after
 TOLERANCE = 1e-9  # float64: a causal model changes nothing; rounding would be ~1e-15
-ONE_THREAD_BELOW = 1_000_000  # parameters of a --model below which one thread runs the checks fastest
+ONE_THREAD_BELOW = 1_000_000  # parameters of a --model below which one thread runs the checks best
 PROBE_EVAL = 1024  # fresh sequences the probe's accuracy is measured on
 PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
 
@@ -119,7 +127,8 @@ def parse_args(argv):
     argv = configurator.normalize(argv, SWITCHES)
     paths = [a for a in argv if not a.startswith("--")]
     if len(paths) != 1:
-        raise ConfigError("give one config file, e.g. `python check_causal.py config/future50_mse.py`")
+        raise ConfigError("give one config file, e.g. "
+                          "`python check_causal.py config/future50_mse.py`")
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
     own = {k: v for k, v in overrides.items() if k in CHECK_DEFAULTS}
@@ -127,7 +136,8 @@ def parse_args(argv):
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
     check_least(check)
     # the config file alone (with the flags' model_type): what "original → checked" reports
-    original = settings.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+    model_type_flags = [f for f in train_flags if f.startswith("--model_type=")]
+    original = settings.get_config(paths + model_type_flags)
     config = settings.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
 
@@ -172,7 +182,8 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     C = pick("block_size", block_size)
     if model_type == "future_attn":
         if config["future_dim"] is not None:
-            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))  # C0 >= 2: GPTConfig checks it
+            # C0 >= 2: GPTConfig checks it
+            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))
             pick("future_dim", min(max(scaled, 1), C - 1))
         start0, end0 = config["start_layer"], config["end_layer"] or L0
         before, after = int(start0 > 1), int(end0 < L0)
@@ -183,12 +194,14 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     else:
         L = pick("n_layer", min(L0, CHECK_LAYERS))
         if model_type == "encdec":
-            depths = {key: config[key] or config["n_layer"] for key in ("n_layer_encoder", "n_layer_decoder")}
+            depths = {key: config[key] or config["n_layer"]
+                      for key in ("n_layer_encoder", "n_layer_decoder")}
             deepest = max(depths.values())
             for key, depth in depths.items():
                 if config[key] is None and (depth == deepest or "n_layer" in fixed):
                     continue  # None is n_layer: the shrunk one (or the user's)
-                # the deeper stack (both, when equal) gets L layers, a shallower one fewer, at least 1
+                # the deeper stack (both, when equal) gets L layers, a shallower one fewer, at
+                # least 1
                 pick(key, L if depth == deepest else max(1, min(L - 1, round(depth * L / deepest))))
     return sizes
 
@@ -219,10 +232,11 @@ class Leak:
 
     def __str__(self):
         if self.how == "perturbation":
-            return (f"LEAK: logits at position {self.position} change by {self.amount:.3g} when the "
-                    f"token at position {self.later} changes ({self.setting})")
-        return (f"LEAK: the gradient of the logits at position {self.position} with respect to the "
-                f"token embedding at position {self.later} is {self.amount:.3g}, not 0 ({self.setting})")
+            return (f"LEAK: logits at position {self.position} change by {self.amount:.3g} "
+                    f"when the token at position {self.later} changes ({self.setting})")
+        return (f"LEAK: the gradient of the logits at position {self.position} with respect to "
+                f"the token embedding at position {self.later} is {self.amount:.3g}, not 0 "
+                f"({self.setting})")
 
 
 class CheckError(UserError):
@@ -257,8 +271,8 @@ def logits_of(model, idx, targets):
     torch.manual_seed(0)
     logits, _, _ = model(idx, targets)
     if not torch.isfinite(logits).all():  # NaN compares as no change: it would pass any check
-        raise CheckError("the logits are not all finite, so no change in them can be measured (with --model, "
-                         "--keep_weights=True keeps the model's own weights)")
+        raise CheckError("the logits are not all finite, so no change in them can be measured "
+                         "(with --model, --keep_weights=True keeps the model's own weights)")
     return logits
 
 
@@ -288,17 +302,19 @@ def perturbation_check(model, idx, targets, vocab_size, setting, positions=0):
                 changed_idx[:, p] = (idx[:, p] + 1) % vocab_size
             changed_targets[:, p - 1] = (targets[:, p - 1] + 1) % vocab_size
             logits = logits_of(model, changed_idx, changed_targets)
-            change = (logits - reference).abs().amax(dim=(0, 2))  # (T,): largest change per position
+            # (B, T, vocab) -> (T,): the largest change at each position
+            change = (logits - reference).abs().amax(dim=(0, 2))
             worst_earlier = max(worst_earlier, change[:p].max().item())
             if p < T:
                 least_own = min(least_own, change[p].item())
             leaking = (change[:p] > TOLERANCE * scale).nonzero()
             if len(leaking):
                 i = leaking[0].item()
-                return Leak("perturbation", i, p, change[i].item(), setting), worst_earlier, least_own
+                leak = Leak("perturbation", i, p, change[i].item(), setting)
+                return leak, worst_earlier, least_own
     if least_own == 0.0:
-        raise CheckError(f"changing a token left the logits at its own position unchanged ({setting}): "
-                         f"the check cannot see this model's inputs")
+        raise CheckError(f"changing a token left the logits at its own position unchanged "
+                         f"({setting}): the check cannot see this model's inputs")
     return None, worst_earlier, least_own
 
 
@@ -311,17 +327,20 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
     Returns (the first leak or None, the largest gradient found after a position)."""
     captured = []
 
-    def as_leaf(module, inputs, output):  # the token embeddings become a leaf we can differentiate by
+    def as_leaf(module, inputs, output):
+        # the token embeddings become a leaf we can differentiate by
         if not isinstance(output, torch.Tensor) or output.shape[:2] != idx.shape:
-            raise CheckError(f"the token embedding {type(module).__name__} returned {described(output)}, not "
-                             f"embeddings (B, T, ...) of the ids {tuple(idx.shape)}; name the module that embeds the "
-                             f"tokens with --embedding=ATTR.PATH")
+            raise CheckError(f"the token embedding {type(module).__name__} returned "
+                             f"{described(output)}, not embeddings (B, T, ...) of the ids "
+                             f"{tuple(idx.shape)}; name the module that embeds the tokens with "
+                             f"--embedding=ATTR.PATH")
         captured.append(output.detach().requires_grad_())
         return captured[-1]
 
     if embedding is None:
         if not hasattr(model, "transformer") or "wte" not in model.transformer:
-            raise CheckError("the gradient check needs the token embedding at model.transformer.wte")
+            raise CheckError("the gradient check needs the token embedding at "
+                             "model.transformer.wte")
         embedding = model.transformer.wte
     hook = embedding.register_forward_hook(as_leaf)
     try:
@@ -329,23 +348,26 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
     finally:
         hook.remove()
     if not captured:
-        raise CheckError(f"the token embedding was not called in the forward ({setting}); name the module "
-                         f"that embeds the tokens with --embedding=ATTR.PATH")
+        raise CheckError(f"the token embedding was not called in the forward ({setting}); name "
+                         f"the module that embeds the tokens with --embedding=ATTR.PATH")
     T = idx.size(1)
     g = torch.Generator().manual_seed(1)
     worst = 0.0
     checked = spread(positions, 0, T - 1)
     for i in checked:
         direction = torch.randn(logits[:, i].shape, generator=g, dtype=logits.dtype)
-        # every call of the embedding counts (a model may embed twice); one it does not use has no gradient
-        grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured, retain_graph=i < checked[-1],
-                                    allow_unused=True)
-        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2)) for grad in grads if grad is not None),
-                           torch.zeros(T, dtype=logits.dtype))  # (T,)
+        # every call of the embedding counts (a model may embed twice); one it does not use has
+        # no gradient
+        grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured,
+                                    retain_graph=i < checked[-1], allow_unused=True)
+        # each call's (B, T, ...) -> (T,): the largest gradient at each position, summed
+        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2))
+                            for grad in grads if grad is not None),
+                           torch.zeros(T, dtype=logits.dtype))
         own = per_position[:i + 1].max().item()
         if own == 0.0:
-            raise CheckError(f"the logits at position {i} have no gradient from any token embedding "
-                             f"({setting}): the check cannot see this model's inputs")
+            raise CheckError(f"the logits at position {i} have no gradient from any token "
+                             f"embedding ({setting}): the check cannot see this model's inputs")
         after = per_position[i + 1:]
         if len(after):
             worst = max(worst, after.max().item())
@@ -371,10 +393,12 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     """Runs every exact check; returns the first leak or None. Prints one line per setting."""
     model = build(model_type, model_args, seed)
     runs = settings_of(model_type, model_args["block_size"], model_args.get("future_kv", "learned"))
-    return check_settings(model, runs, model_args["vocab_size"], batch=batch, positions=positions, seed=seed, log=log)
+    return check_settings(model, runs, model_args["vocab_size"], batch=batch, positions=positions,
+                          seed=seed, log=log)
 
 
-def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0, seed=0, log=print):
+def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0, seed=0,
+                   log=print):
     """The exact checks of model, one (mode, T, impl) of settings_of after another; returns
     the first leak or None."""
     g = torch.Generator().manual_seed(seed)
@@ -387,7 +411,8 @@ def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0
         idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
         t0 = time.perf_counter()
         try:
-            leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
+            leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting,
+                                                    positions)
         except ValueError as e:
             if mode == "eval":
                 raise
@@ -441,7 +466,8 @@ def above_chance(accuracy, samples, chance):
 def probe(model_type, model_args, options, seed=0, log=print):
     """Trains on the reversal task; returns a dict of accuracies and the verdict."""
     torch.manual_seed(seed)
-    model = settings.build_model(model_type, model_args)  # its own init, float32: a real training run
+    # its own init, float32: a real training run
+    model = settings.build_model(model_type, model_args)
     optimizer = model.configure_optimizers(0.0, options["probe_lr"], (0.9, 0.98), "cpu")
     return train_probe(model, optimizer, options, seed=seed, log=log)
 
@@ -451,7 +477,8 @@ def train_probe(model, optimizer, options, seed=0, log=print):
     task; returns a dict of accuracies and the verdict."""
     n, V = options["probe_length"], options["probe_vocab"]
     g = torch.Generator().manual_seed(seed)
-    eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, torch.Generator().manual_seed(seed + 1))
+    eval_generator = torch.Generator().manual_seed(seed + 1)
+    eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, eval_generator)
     model.train()
     t0, step, last_log = time.time(), 0, time.time()
     while True:
@@ -472,12 +499,14 @@ def train_probe(model, optimizer, options, seed=0, log=print):
     unseen_samples = len(eval_idx) * unseen_positions(n).sum().item()
     seen_samples = len(eval_idx) * n - unseen_samples
     chance = 1.0 / V
-    result["causal_best"] = (unseen_samples * chance + seen_samples) / (unseen_samples + seen_samples)
+    samples = unseen_samples + seen_samples
+    result["causal_best"] = (unseen_samples * chance + seen_samples) / samples
     for mode in ("eval", "train"):
         first, second = probe_accuracy(model, eval_idx, eval_targets, training=mode == "train")
-        result[mode] = dict(first=first, second=second, overall=(first * unseen_samples + second * seen_samples)
-                            / (unseen_samples + seen_samples))
-    leaky = [m for m in ("eval", "train") if above_chance(result[m]["first"], unseen_samples, chance)]
+        overall = (first * unseen_samples + second * seen_samples) / samples
+        result[mode] = dict(first=first, second=second, overall=overall)
+    leaky = [m for m in ("eval", "train")
+             if above_chance(result[m]["first"], unseen_samples, chance)]
     learned = above_chance(result["eval"]["second"], seen_samples, chance)
     result["verdict"] = "leak" if leaky else "causal" if learned else "inconclusive"
     result["leaky_modes"] = leaky
@@ -486,23 +515,27 @@ def train_probe(model, optimizer, options, seed=0, log=print):
 
 def report_probe(result, V, log=print):
     chance = 1.0 / V
-    log(f"  after {result['steps']} steps ({result['seconds']:.0f} s), accuracy on {PROBE_EVAL} fresh sequences:")
+    log(f"  after {result['steps']} steps ({result['seconds']:.0f} s), accuracy on {PROBE_EVAL} "
+        f"fresh sequences:")
     log(f"    {'':10s} {'first half':>11s} {'second half':>12s} {'overall':>8s}")
     for mode in ("eval", "train"):
         r = result[mode]
         log(f"    {mode + ' mode':10s} {r['first']:11.1%} {r['second']:12.1%} {r['overall']:8.1%}")
-    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {'~' + format(result['causal_best'], '.0%'):>8s}"
+    causal_best = "~" + format(result["causal_best"], ".0%")
+    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {causal_best:>8s}"
         f"   (the best a causal model can do)")
     log(f"    {'leaky':10s} {'up to 100%':>11s} {'up to 100%':>12s} {'~100%':>8s}")
     if result["verdict"] == "leak":
         mode = result["leaky_modes"][0]
-        log(f"LEAK: the model predicts the first half at {result[mode]['first']:.1%} ({mode} mode), "
-            f"far above chance ({chance:.0%}): it sees the future")
+        log(f"LEAK: the model predicts the first half at {result[mode]['first']:.1%} "
+            f"({mode} mode), far above chance ({chance:.0%}): it sees the future")
     elif result["verdict"] == "causal":
-        log(f"causal: accuracy on the first half is at chance ({result['eval']['first']:.1%}), as it must be")
+        log(f"causal: accuracy on the first half is at chance ({result['eval']['first']:.1%}), "
+            f"as it must be")
     else:
-        log(f"inconclusive: the model has not learned even the second half ({result['eval']['second']:.1%}); "
-            f"train longer (--probe_seconds, --probe_steps) or raise --probe_lr")
+        log(f"inconclusive: the model has not learned even the second half "
+            f"({result['eval']['second']:.1%}); train longer (--probe_seconds, --probe_steps) or "
+            f"raise --probe_lr")
 
 
 # --------------------------------------------------------------------------------------
@@ -536,19 +569,22 @@ def read_logits(output, idx):
     if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == idx.shape:
         return logits
     B, T = idx.shape
-    raise CheckError(f"expected logits ({B}, {T}, vocab) at every position for token ids ({B}, {T}): a tensor, "
-                     f"a tuple or list that starts with one, or an object with .logits; the model returned "
-                     f"{described(output)}")
+    raise CheckError(f"expected logits ({B}, {T}, vocab) at every position for token ids "
+                     f"({B}, {T}): a tensor, a tuple or list that starts with one, or an object "
+                     f"with .logits; the model returned {described(output)}")
 
 
 def described(output):
-    """What a model returned, in words: 'a tuple whose first element is a tensor of shape (2, 1, 65)'."""
+    """What a model returned, in words: 'a tuple whose first element is a tensor of shape
+    (2, 1, 65)'."""
     if isinstance(output, torch.Tensor):
         return f"a tensor of shape {tuple(output.shape)}"
     if hasattr(output, "logits"):
         return f"a {type(output).__name__} whose .logits is {described(output.logits)}"
+    if isinstance(output, (tuple, list)) and not output:
+        return "an empty one"
     if isinstance(output, (tuple, list)):
-        return f"a {type(output).__name__} whose first element is {described(output[0])}" if output else "an empty one"
+        return f"a {type(output).__name__} whose first element is {described(output[0])}"
     return f"a {type(output).__name__}"
 
 
@@ -577,7 +613,8 @@ def where(error):
     (in the user's file, usually), else of the innermost frame."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}, line {error.lineno}"
-    libraries = ("<", os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(torch.__file__)), __file__)
+    site_packages = os.path.dirname(os.path.dirname(torch.__file__))
+    libraries = ("<", os.path.dirname(os.__file__), site_packages, __file__)
     frames = traceback.extract_tb(error.__traceback__)
     own = [frame for frame in frames if not frame.filename.startswith(libraries)]
     frame = (own or frames)[-1]
@@ -594,11 +631,13 @@ def import_module_or_file(name):
             return importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name and (name == e.name or name.startswith(e.name + ".")):
-                raise ConfigError(f"no module {name} from {os.getcwd()} or sys.path: MODULE is a dotted import "
-                                  f"path (mypackage.models) or a .py file (path/to/my_models.py)") from None
+                raise ConfigError(f"no module {name} from {os.getcwd()} or sys.path: MODULE is a "
+                                  f"dotted import path (mypackage.models) or a .py file "
+                                  f"(path/to/my_models.py)") from None
             raise
     if not os.path.isfile(name):
-        raise ConfigError(f"no file {name}: MODULE is a .py file (path/to/my_models.py) or a dotted import path")
+        raise ConfigError(f"no file {name}: MODULE is a .py file (path/to/my_models.py) or a "
+                          f"dotted import path")
     path = os.path.abspath(name)
     stem = os.path.splitext(os.path.basename(path))[0]
     loaded = sys.modules.get(stem)
@@ -634,8 +673,8 @@ def build_from(spec, factory, seed):
     with blamed_on_the_model(f"{spec.rpartition(':')[2]}()"):
         model = factory()
     if not isinstance(model, torch.nn.Module):
-        raise CheckError(f"{spec}: expected the factory to return a torch.nn.Module that maps token ids (B, T) "
-                         f"to logits (B, T, vocab), got {described(model)}")
+        raise CheckError(f"{spec}: expected the factory to return a torch.nn.Module that maps "
+                         f"token ids (B, T) to logits (B, T, vocab), got {described(model)}")
     return model
 
 
@@ -658,12 +697,15 @@ def token_embedding(model, vocab_size, path):
     else get_input_embeddings() (HF's way), else the one nn.Embedding with vocab_size rows."""
     names = {module: name for name, module in model.named_modules()}
     embeddings = [name for module, name in names.items() if isinstance(module, torch.nn.Embedding)]
-    listed = f"its nn.Embedding modules: {', '.join(embeddings)}" if embeddings else "it has no nn.Embedding"
+    listed = "it has no nn.Embedding"
+    if embeddings:
+        listed = f"its nn.Embedding modules: {', '.join(embeddings)}"
     if path:
         try:
             return model.get_submodule(path), f"--embedding={path}"
         except AttributeError:
-            raise ConfigError(f"--embedding={path}: the model has no module {path}; {listed}") from None
+            raise ConfigError(f"--embedding={path}: the model has no module {path}; "
+                              f"{listed}") from None
     module = input_embeddings(model)
     if module is not None:
         return module, f"{names[module]}, its get_input_embeddings()"
@@ -671,8 +713,8 @@ def token_embedding(model, vocab_size, path):
     if len(rows) == 1:
         return model.get_submodule(rows[0]), f"{rows[0]}, the one nn.Embedding of {vocab_size} rows"
     raise CheckError(f"cannot tell which module embeds the tokens: no get_input_embeddings() and "
-                     f"{len(rows) or 'no'} nn.Embedding of {vocab_size} rows ({listed}); name the module whose "
-                     f"output is the token embeddings with --embedding=ATTR.PATH")
+                     f"{len(rows) or 'no'} nn.Embedding of {vocab_size} rows ({listed}); name the "
+                     f"module whose output is the token embeddings with --embedding=ATTR.PATH")
 
 
 def input_embeddings(model):
@@ -824,7 +866,8 @@ def read_model(spec, options, log=print):
 def probe_factory(spec, factory, options, log=print):
     """The reversal probe on a fresh model from factory, at its own init, float32."""
     model = FactoryModel(build_from(spec, factory, options["seed"]))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options["probe_lr"], betas=(0.9, 0.98), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options["probe_lr"], betas=(0.9, 0.98),
+                                  weight_decay=0.0)
     with blamed_on_the_model(f"{spec}: the probe"):
         return train_probe(model, optimizer, options, seed=options["seed"], log=log)
 
@@ -834,11 +877,12 @@ def parse_model_args(argv):
     argv = configurator.normalize(argv, SWITCHES)
     files = [a for a in argv if not a.startswith("--")]
     if files:
-        raise ConfigError(f"--model checks the model its factory builds: give no config file ({files[0]}) with it")
+        raise ConfigError(f"--model checks the model its factory builds: give no config file "
+                          f"({files[0]}) with it")
     _, overrides = configurator.parse(argv)
     if "full_size" in overrides:
-        raise ConfigError("--model checks the model at its own sizes already: drop --full_size (--positions sets "
-                          "how many positions are changed)")
+        raise ConfigError("--model checks the model at its own sizes already: drop --full_size "
+                          "(--positions sets how many positions are changed)")
     options = configurator.merge(MODEL_DEFAULTS, {}, overrides)
     check_least(options)
     for key in ("vocab_size", "block_size", "positions"):
@@ -847,8 +891,8 @@ def parse_model_args(argv):
     for spec in options["model"].split(","):
         module_name, _, factory_name = spec.rpartition(":")
         if not module_name or not factory_name:
-            raise ConfigError(f"--model={spec}: write MODULE:FACTORY, e.g. --model=my_models.py:tiny_gpt2 or "
-                              f"--model=mypackage.models:build")
+            raise ConfigError(f"--model={spec}: write MODULE:FACTORY, e.g. "
+                              f"--model=my_models.py:tiny_gpt2 or --model=mypackage.models:build")
     return options
 
 
@@ -856,7 +900,9 @@ def check_models(argv):
     """The exact checks (and the probe) of each model of --model; exit status 0, 1 or 2."""
     options = parse_model_args(argv)
     specs = options["model"].split(",")
-    weights = "the model's own weights" if options["keep_weights"] else "random weights (every parameter)"
+    weights = "random weights (every parameter)"
+    if options["keep_weights"]:
+        weights = "the model's own weights"
     print(what_the_checks_do(weights, options["batch"], options["positions"], options["seed"]))
     failed, threads = [], torch.get_num_threads()
     for spec in specs:
@@ -910,7 +956,8 @@ def plan(options, original, config, user_keys):
     if options["full_size"]:
         sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
         if "positions" not in user_keys:
-            options["positions"] = 16  # a forward and a backward per position: minutes at the write-ups' sizes
+            # a forward and a backward per position: minutes at the write-ups' sizes
+            options["positions"] = 16
     else:
         sizes = shrunk_sizes(original, config, fixed=user_keys,
                              block_size=min(original["block_size"], CHECK_BLOCK_SIZE),
@@ -930,8 +977,10 @@ def main(argv):
     --model, a model the tool cannot read)."""
     if configurator.wants_help(argv):
         model_keys = "\n".join(f"  --{key}={value!r}" for key, value in MODEL_DEFAULTS.items())
-        print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)"
-              + f"\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n{model_keys}")
+        print(configurator.usage(__doc__, CHECK_DEFAULTS)
+              + "\nand every key of train.py (python train.py --help)"
+              + "\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n"
+              + model_keys)
         return 0
     if any(arg.startswith("--model=") for arg in configurator.normalize(argv, SWITCHES)):
         return check_models(argv)
@@ -947,7 +996,8 @@ def main(argv):
     if options["full_size"]:
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
     else:
-        print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
+        print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): "
+              f"{changes or 'nothing'}")
     print(what_the_checks_do("random weights (every parameter)", options["batch"],
                              options["positions"], config["seed"]))
     leak = check(model_type, model_args, batch=options["batch"], positions=options["positions"],
@@ -957,7 +1007,8 @@ def main(argv):
         return 1
     print(CAUSAL)
     if probe_args:
-        print(f"probe: reversal of {options['probe_length']} digits 0..{options['probe_vocab'] - 1}; {probe_changes}")
+        print(f"probe: reversal of {options['probe_length']} digits "
+              f"0..{options['probe_vocab'] - 1}; {probe_changes}")
         result = probe(model_type, probe_args, options, seed=config["seed"])
         report_probe(result, options["probe_vocab"])
         if result["verdict"] != "causal":
