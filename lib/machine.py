@@ -87,6 +87,16 @@ def check_device(device, dtype="auto"):
                               f"cuda:{torch.cuda.device_count() - 1}")
 
 
+def auto_dtype(device_type):
+    """What dtype='auto' means on a device: bf16 (fp16 where unsupported) on CUDA, fp32 on a
+    CPU, and on MPS bf16 where its autocast works there, else fp32."""
+    if device_type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device_type == "mps" and mps_bf16_autocast_works():
+        return "bfloat16"
+    return "float32"
+
+
 @functools.cache
 def mps_bf16_autocast_works():
     """Does a matmul under bf16 autocast run in bf16 on the Apple GPU? torch has no query for it

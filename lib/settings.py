@@ -150,15 +150,9 @@ def build_model(model_type, model_args):
 
 
 def autocast_for(dtype, device_type):
-    """(dtype name, autocast context); 'auto' = bf16 (fp16 if unsupported) on CUDA, fp32 on a CPU,
-    and on MPS bf16 where its autocast works there, else fp32."""
+    """(dtype name, autocast context); 'auto' is the device's own (machine.auto_dtype)."""
     if dtype == "auto":
-        if device_type == "cuda":
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        elif device_type == "mps" and machine.mps_bf16_autocast_works():
-            dtype = "bfloat16"
-        else:
-            dtype = "float32"
+        dtype = machine.auto_dtype(device_type)
     if dtype == "float32":
         return dtype, nullcontext()
     return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))

@@ -72,8 +72,11 @@ def pretend_mps(monkeypatch):
     return bf16_works
 
 
-def test_each_device_chooses_its_precision(pretend_mps):
+def test_each_device_chooses_its_precision(pretend_mps, monkeypatch):
     assert settings.autocast_for("auto", "cpu")[0] == "float32"
+    for bf16, dtype in ((True, "bfloat16"), (False, "float16")):  # CUDA's, as it was
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+        assert machine.auto_dtype("cuda") == dtype
     dtype, autocast = settings.autocast_for("auto", "mps")
     assert dtype == "float32" and isinstance(autocast, contextlib.nullcontext)
     pretend_mps[0] = True  # a torch and macOS where bf16 autocast runs on the Apple GPU
