@@ -338,11 +338,13 @@ class GPT(nn.Module):
         # E_avg_i = mean of E_0..E_i, as one matmul with the (T, T) averaging matrix whose
         # row i holds 1/(i+1) on columns 0..i (torch 2.11's compiler fails on cumsum here).
         # float64: exact sums whatever autocast and TF32 do to float32 matmuls; the write-up's
-        # embedding loss falls to ~1e-9, far below bf16's resolution.
+        # embedding loss falls to ~1e-9, far below bf16's resolution. Apple's MPS has no float64:
+        # float32 there.
+        exact = torch.float32 if E.device.type == "mps" else torch.float64
         T = E.size(1)
-        rows = torch.arange(1, T + 1, device=E.device, dtype=torch.float64).view(T, 1)
-        averaging = torch.ones(T, T, device=E.device, dtype=torch.float64).tril() / rows  # (T, T)
-        E_avg = (averaging @ E.double()).to(E.dtype)  # (T, T) @ (B, T, d) -> (B, T, d)
+        rows = torch.arange(1, T + 1, device=E.device, dtype=exact).view(T, 1)
+        averaging = torch.ones(T, T, device=E.device, dtype=exact).tril() / rows  # (T, T)
+        E_avg = (averaging @ E.to(exact)).to(E.dtype)  # (T, T) @ (B, T, d) -> (B, T, d)
         if cfg.embedding_ln == "avg":
             E_avg = self.transformer.ln_a(E_avg)
         return disaffinity(E_avg, encoder_out, cfg.embedding_loss_type)
