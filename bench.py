@@ -488,6 +488,7 @@ def bench_prepare(argv):
     on that corpus and on one --memory_at times larger."""
     import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
     import prepare_wikipedia
+    from lib import fetch  # this mode's own
     parser = argparse.ArgumentParser(prog="bench.py --prepare")
     parser.add_argument("--mb", type=float, default=50, help="the corpus, in millions of characters")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
@@ -512,7 +513,7 @@ def bench_prepare(argv):
         batches = []  # the documents in batches of about READ_AHEAD_CHARS characters, as many as prepare has in flight
         for path in (corpus, val):
             batches.append([])
-            for doc in prepare_wikipedia.file_documents([path]):
+            for doc in fetch.file_documents([path]):
                 if sum(map(len, batches[-1])) >= prepare_wikipedia.READ_AHEAD_CHARS:
                     batches.append([])
                 batches[-1].append(doc)

@@ -76,7 +76,10 @@ def read_docs(path):
 
 
 def outputs(out_dir):
-    """The files a run left in out_dir, but for the lock it holds while it runs."""
+    """The files a run left in out_dir, but for the lock it holds while it runs; [] if it left no
+    out_dir (a failed run removes the folder it made, when it holds nothing)."""
+    if not os.path.isdir(out_dir):
+        return []
     return sorted(name for name in os.listdir(out_dir) if name != data.DATA_LOCK)
 
 
@@ -181,7 +184,7 @@ def test_groups_of_documents():
     assert all(sum(map(len, g[:-1])) < 1000 <= sum(map(len, g)) for g in groups[:-1])  # the last one took it there
     assert sum(map(len, groups[-1][:-1])) < 1000
     one_each = list(pw.groups(iter(texts[:2]), detokenize_first=True, group_chars=0))
-    assert one_each == [[pw.detokenize(t)] for t in texts[:2]]
+    assert one_each == [[fetch.detokenize(t)] for t in texts[:2]]
 
 
 def test_max_chars_caps_train_only(tmp_path):
@@ -225,23 +228,23 @@ def test_lines_read_as_text_mode_reads_them(tmp_path):
     with open(path, encoding="utf-8") as f:  # text mode: the reference
         expected = list(f)
     with open(path, "rb") as f:
-        assert list(pw.text_lines(f, str(path))) == expected == [
+        assert list(fetch.text_lines(f, str(path))) == expected == [
             "unix\n", "windows\n", "old mac\n", "café\n", "no newline at the end"]
     # over many blocks of a quarter MB, where a \r\n may fall at a block's end
     path.write_bytes(b"".join(b"line %d\r\n" % i + b"x" * (i % 97) + b"\r" + "é\n".encode() for i in range(60_000)))
     with open(path, encoding="utf-8") as f:
         expected = list(f)
     with open(path, "rb") as f:
-        assert list(pw.text_lines(f, str(path))) == expected and len(expected) == 180_000
+        assert list(fetch.text_lines(f, str(path))) == expected and len(expected) == 180_000
 
 
 def test_document_boundaries(monkeypatch):
     lines = "".join(ARTICLES[:3]).splitlines(keepends=True)
-    assert list(pw.read_documents(lines)) == ARTICLES[:3]  # ` = = History = = ` starts no document
+    assert list(fetch.read_documents(lines)) == ARTICLES[:3]  # ` = = History = = ` starts no document
     # text without headings: past MAX_DOC_CHARS, a document ends at the next blank line
-    monkeypatch.setattr(pw, "MAX_DOC_CHARS", 40)
+    monkeypatch.setattr(fetch, "MAX_DOC_CHARS", 40)
     paragraphs = [f"paragraph {i} has some words in it .\nand a second line .\n\n" for i in range(5)]
-    assert list(pw.read_documents("".join(paragraphs).splitlines(keepends=True))) == paragraphs
+    assert list(fetch.read_documents("".join(paragraphs).splitlines(keepends=True))) == paragraphs
 
 
 # --------------------------------------------------------------------------- detokenize
@@ -276,11 +279,11 @@ PLAIN_LINES = [
 
 @pytest.mark.parametrize("wikitext, plain", list(zip(WIKITEXT_LINES, PLAIN_LINES)))
 def test_detokenize_wikitext_lines(wikitext, plain):
-    assert pw.detokenize(wikitext) == plain
+    assert fetch.detokenize(wikitext) == plain
 
 
 def test_detokenize_a_whole_document():
-    assert pw.detokenize("".join(WIKITEXT_LINES)) == "".join(PLAIN_LINES)
+    assert fetch.detokenize("".join(WIKITEXT_LINES)) == "".join(PLAIN_LINES)
 
 
 def test_detokenize_leaves_ordinary_text_unchanged():
@@ -295,7 +298,7 @@ def test_detokenize_leaves_ordinary_text_unchanged():
         "  two leading spaces, a tab\there, and an empty line:\n"
         "\n"
         "last line without a newline; path ./data/train.bin, version 2.0.1, 3 - 2 = 1")
-    assert pw.detokenize(text) == text
+    assert fetch.detokenize(text) == text
 
 
 def test_detokenize_rules_match_their_plain_forms():
@@ -315,9 +318,9 @@ def test_detokenize_rules_match_their_plain_forms():
     pieces = [" ", "\n", '"', "'", "(", ")", "s", "t", "a", ",", ".", "@", "-", "=", "s '", '" ', "( ", " = "]
     for _ in range(3000):
         text = "".join(rng.choice(pieces, size=rng.integers(0, 30)))
-        assert pw.detokenize(text) == plain(text), repr(text)
+        assert fetch.detokenize(text) == plain(text), repr(text)
     wikitext = "".join(WIKITEXT_LINES) * 3
-    assert pw.detokenize(wikitext) == plain(wikitext)
+    assert fetch.detokenize(wikitext) == plain(wikitext)
 
 
 def test_detokenize_flag(tmp_path):
@@ -325,10 +328,10 @@ def test_detokenize_flag(tmp_path):
     for flags, detokenized in [([], False), (["--detokenize"], True)]:
         out = tmp_path / str(detokenized)
         meta = pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2", *flags])
-        expected = [pw.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
+        expected = [fetch.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
         assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == expected
         assert meta["detokenize"] is detokenized
-    assert pw.detokenize(ARTICLES[0]) != ARTICLES[0]  # the flag made a difference
+    assert fetch.detokenize(ARTICLES[0]) != ARTICLES[0]  # the flag made a difference
 
 
 # --------------------------------------------------------------------------- the write-ups' split
@@ -357,7 +360,7 @@ def test_write_split_stops_at_the_nearest_boundary(tmp_path):
 
 def token_counts(docs, detokenized=True):
     """Tokens of each document (detokenized or as it is), <|endoftext|> included."""
-    return [len(ENC.encode_ordinary(pw.detokenize(doc) if detokenized else doc)) + 1 for doc in docs]
+    return [len(ENC.encode_ordinary(fetch.detokenize(doc) if detokenized else doc)) + 1 for doc in docs]
 
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
@@ -372,8 +375,8 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
     meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
                     "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
     assert threading.active_count() == threads  # the tokenizer's threads end with the run, though val stopped early
-    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
     assert meta["split"] == "writeup" and meta["detokenize"] is True and meta["max_chars"] is None
     for split, tokens, asked in [("train", totals[3], train_tokens), ("val", counts[4] + counts[5], val_tokens)]:
         data = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
@@ -415,8 +418,9 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
 
 def test_writeup_defaults_are_the_write_ups_counts():
     args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
-                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None,
-                              dataset=None, zip=None, url=None, sha256=None, out_dir=None)
+                              train_tokens=None, val_tokens=None, threads=1, retries=1, detokenize=None,
+                              dataset="wikitext103", zip=None, url=None, sha256=None, out_dir=None,
+                              tokens=False)
     pw.check_settings(args)
     assert (args.train_tokens, args.val_tokens, args.detokenize) == (38_276_830, 4_341_780, True)
     assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
@@ -500,7 +504,7 @@ def test_bad_byte_offset_counts_earlier_lines(tmp_path):
     path = tmp_path / "x.txt"
     path.write_bytes("é\n".encode("utf-8") * 400_000 + b"ok\x80\n")  # 3 bytes a line: 1.2 MB, blocks later
     with open(path, "rb") as f, pytest.raises(cli.UserError, match="byte 1,200,002 \\(0x80\\) is not UTF-8"):
-        list(pw.text_lines(f, str(path)))
+        list(fetch.text_lines(f, str(path)))
 
 
 # --------------------------------------------------------------------------- errors and interruption
@@ -756,16 +760,17 @@ def test_the_small_val_warning_names_the_setting_that_applies(settings, hint):
 SLOW_RUN = """
 import signal, sys, time
 import prepare_wikipedia as pw
+from lib import fetch
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever the test runner's
 pw.READ_AHEAD_CHARS = 1  # one document in flight at a time
-real_read_documents = pw.read_documents
+real_read_documents = fetch.read_documents
 
 def slow_read_documents(lines):  # a few ms a document: a run long enough to be stopped while it writes
     for doc in real_read_documents(lines):
         time.sleep(0.005)
         yield doc
 
-pw.read_documents = slow_read_documents
+fetch.read_documents = slow_read_documents
 sys.exit(pw.main(sys.argv[1:]))
 """
 
@@ -950,8 +955,8 @@ def sha256(data):
 
 def publish(monkeypatch, name, urls, size, digest):
     """Make the dataset called name one served by the test's servers, with the size and sha256 given."""
-    dataset = dataclasses.replace(pw.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
-    monkeypatch.setitem(pw.DATASETS, name, dataset)
+    dataset = dataclasses.replace(fetch.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
+    monkeypatch.setitem(fetch.DATASETS, name, dataset)
 
 
 def cached(out, address):
@@ -1088,7 +1093,7 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    origin = fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), sha256(data), "the test's"),
+    origin = fetch.fetch_file(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), sha256(data), "the test's"),
                           attempts=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
@@ -1119,7 +1124,7 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), None, ""), attempts=5, hint="")
+    fetch.fetch_file(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), None, ""), attempts=5, hint="")
     assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
@@ -1157,15 +1162,15 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- WikiText-2, and what a zip must be
 
 def test_the_datasets_are_the_published_files():
-    wikitext2 = pw.DATASETS["wikitext2"]
+    wikitext2 = fetch.DATASETS["wikitext2"]
     assert wikitext2.urls == ("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
                               "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip")
     assert (wikitext2.file, wikitext2.size, wikitext2.out_dir, wikitext2.detokenize) == (
         "wikitext-2-raw-v1.zip", 4_721_645, "data/wikitext2", True)
     assert wikitext2.sha256 == "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
-    wikitext103 = pw.DATASETS[pw.DEFAULT_DATASET]
+    wikitext103 = fetch.DATASETS["wikitext103"]
     assert (wikitext103.file, wikitext103.size, wikitext103.out_dir, wikitext103.detokenize) == (
-        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikipedia", False)  # today's default, unchanged
+        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikitext103", False)  # the fallback, in its own folder
     assert wikitext103.sha256 == "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
     config = {}
     with open(os.path.join(REPO, "config", "tiny_cpu.py")) as f:
@@ -1182,12 +1187,15 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     out = tmp_path / "data" / "wikitext2"
     argv = ["--dataset", "wikitext2", "--num_proc", "1"]
     # the real size and hash: the server's 10 kB are refused before they are downloaded
-    publish(monkeypatch, "wikitext2", urls, 4_721_645, pw.DATASETS["wikitext2"].sha256)
+    publish(monkeypatch, "wikitext2", urls, 4_721_645, fetch.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
     assert f"server offers {len(data):,} bytes, expected 4,721,645" in message
-    assert "`python prepare_wikipedia.py --dataset wikitext2 --zip FILE`" in message  # what to do
+    assert "`python prepare_wikipedia.py --zip FILE --dataset wikitext2`" in message  # what to do
+    # unzipped, the same settings: detokenized into data/wikitext2, where config/tiny_cpu.py reads
+    assert ("`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw --detokenize "
+            "--out_dir data/wikitext2`") in message
     # the real hash pinned: downloaded, refused, deleted
-    publish(monkeypatch, "wikitext2", urls, len(data), pw.DATASETS["wikitext2"].sha256)
+    publish(monkeypatch, "wikitext2", urls, len(data), fetch.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
     part = "data/wikitext2/wikitext-2-raw-v1.zip.part"  # relative, as the default --out_dir is
     published = "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
@@ -1198,8 +1206,8 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     # the hash replaced by the test's: it prepares, detokenized by default
     publish(monkeypatch, "wikitext2", urls, len(data), sha256(data))
     meta = pw.prepare_data(argv)
-    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
     assert meta["detokenize"] is True and meta["split"] == "wikitext"
     assert meta["source"] == {"dataset": "wikitext2", "zip": "data/wikitext2/wikitext-2-raw-v1.zip", "url": urls[1],
                               "sha256": sha256(data), "urls": urls, "expected_sha256": sha256(data)}
@@ -1218,7 +1226,7 @@ def test_wikitext2_download_resumes(tmp_path, server, monkeypatch):
     pw.prepare_data(["--dataset", "wikitext2", "--out_dir", str(out), "--num_proc", "1"])
     assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", fetch.USER_AGENT)]
     assert (out / "wikitext-2-raw-v1.zip").read_bytes() == data
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]
 
 
 def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch, capsys):
@@ -1231,7 +1239,7 @@ def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch
     out.mkdir()
     zip_path = out / "wikitext-103-raw-v1.zip"
     zip_path.write_bytes(other)
-    argv = ["--out_dir", str(out), "--num_proc", "1"]
+    argv = ["--dataset", "wikitext103", "--out_dir", str(out), "--num_proc", "1"]
     meta = pw.prepare_data(argv)
     assert (f"warning: {zip_path} has sha256 {sha256(other)}, not {sha256(data)}, the published sha256 of "
             f"wikitext-103-raw-v1.zip: not used; renamed it to {zip_path}.bad; downloading again"
@@ -1279,8 +1287,9 @@ def test_sha256_pins_a_url(tmp_path, server):
     part = f"{cached(out, url(server))}.part"
     assert message == (f"error: could not download the data: {url(server)}: {part} has sha256 {sha256(data)}, not "
                        f"{wrong}, given by --sha256; deleted it; HINT: download {url(server)} by hand and run "
-                       f"`python prepare_wikipedia.py --sha256 {wrong} --zip FILE`, or unzip it and run "
-                       "`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
+                       f"`python prepare_wikipedia.py --zip FILE --sha256 {wrong} --out_dir {out}`, or unzip "
+                       "it and run `python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw "
+                       f"--out_dir {out}`")  # the same --out_dir: the hint leads where this run would
     assert outputs(out) == []
     meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
     assert meta["source"]["sha256"] == meta["source"]["expected_sha256"] == sha256(data)
@@ -1296,7 +1305,7 @@ def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
     zip_path.write_bytes(data := wikitext_zip(tmp_path))
     argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"]
     message = exit_message(argv)  # checked against WikiText-103's published sha256
-    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {pw.DATASETS['wikitext103'].sha256}, the "
+    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {fetch.DATASETS['wikitext103'].sha256}, the "
                        f"published sha256 of wikitext-103-raw-v1.zip; HINT: if it is a zip of your own in WikiText's "
                        f"layout, pass --sha256 {sha256(data)} to use it; if it should be the published one, download "
                        "it again")
@@ -1327,8 +1336,8 @@ def test_the_bench_corpus_is_wikitext_like(tmp_path):
     bench.write_corpus(str(path), 300_000)
     text = path.read_text()
     assert len(text) == 300_000 and " @-@ " in text and " , " in text
-    docs = list(pw.file_documents([str(path)]))
-    assert len(docs) > 10 and all(pw.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
+    docs = list(fetch.file_documents([str(path)]))
+    assert len(docs) > 10 and all(fetch.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
 
 
 def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
