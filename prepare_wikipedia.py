@@ -221,7 +221,8 @@ def check_settings(args):
     args.dataset_given = args.dataset is not None  # a --url with --dataset: a mirror of its zip
     if args.val and not args.input:
         raise cli.UserError("--val needs --input: it names the val files among local text")
-    if args.dataset == WRITEUP or not (args.dataset_given or args.input or args.zip or args.url):
+    others = args.input or args.zip or args.url  # without --dataset, each names other data
+    if args.dataset == WRITEUP or not (args.dataset_given or (others and not args.tokens)):
         return check_writeup_settings(args)
     if args.tokens:
         raise cli.UserError("--tokens fetches the write-ups' token files: --dataset=writeup only")

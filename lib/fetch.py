@@ -12,7 +12,6 @@ import hashlib
 import io
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -386,7 +385,7 @@ def writeup_parts(path):
     """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups split theirs
     (datasets/prepare_data.py of yiphei/yif-AI): train is the first int(n * 0.9) of its n characters, val the
     rest, each tokenized as one string; pieces of them tokenize alike (see pieces)."""
-    n = sum(map(len, text_between(path, 0, math.inf)))  # a first pass counts the characters
+    n = sum(map(len, text_between(path, 0, sys.maxsize)))  # a first pass counts the characters
     cut = int(n * WRITEUP_TRAIN_SHARE)
     return [("train", pieces(text_between(path, 0, cut))), ("val", pieces(text_between(path, cut, n)))]
 

@@ -25,6 +25,7 @@ import errno
 import hashlib
 import http.server
 import io
+import itertools
 import json
 import os
 import pathlib
@@ -1350,3 +1351,283 @@ def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
     assert re.search(r"ratio, median of 1: ([\d.]+) \(goal: 0.85 or more; from \1 to \1\); of prepare's own "
                      r"encoder: [\d.]+\n", printed)
     assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)
+
+
+# --------------------------------------------------------------------------- the write-ups' own data
+
+def writeups_tokens(path):
+    """The write-ups' own method (datasets/prepare_data.py of yiphei/yif-AI), line for line: the reference.
+    Returns the bytes of their train and val token files."""
+    data = open(path, "r", encoding="utf-8").read()
+    n = len(data)
+    train_ids = ENC.encode_ordinary(data[:int(n * 0.9)])
+    val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
+    return np.array(train_ids, dtype=np.uint16).tobytes(), np.array(val_ids, dtype=np.uint16).tobytes()
+
+
+# Unicode's White_Space characters, all of which tiktoken's \s matches
+WHITE_SPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200b)))
+               + "\u2028\u2029\u202f\u205f\u3000")
+# what the pre-tokenizer treats in its own ways: newlines of every kind, runs of spaces and newlines,
+# digits, contractions, non-Latin scripts, emoji (with modifiers and joiners), the special token's text,
+# and characters that look like spaces but are not White_Space (\x1c-\x1f, U+180E, U+200B, U+FEFF)
+FRAGMENTS = ["\r\n", "\r", "\n", "\n\n", "\n\n\n", "\r\r\n", "  ", " " * 7, " " * 40, "\n" * 30, " \n",
+             "\n ", "\t", " \t\n", "the", " the", "Word", " 1984", "3.14159", "0", " 12", "'s", "'t", "'re",
+             "'ve", "'m", "'ll", "'d", " don't", "I'm", " they'LL", "''", " '", "日本語", " 中文", "Привет",
+             " مرحبا", "हिन्दी", "🎉", " 👍🏽", "🏳️‍🌈", "<|endoftext|>", " <|endoftext|>", ".", ",", "!?", " ...",
+             "(", ")", "—", " -", "@-@", " = Title = ", "é", "e\u0301", "ß", "\x1c", "\x1d", "\x1e", "\x1f",
+             "\u180e", "\u200b", "\ufeff", *WHITE_SPACE]
+
+
+def adversarial_text(n_fragments, seed=0):
+    rng = np.random.default_rng(seed)
+    return "".join(rng.choice(np.array(FRAGMENTS, dtype=object), size=n_fragments))
+
+
+def cuts_allowed(text):
+    """Slow reference of LAST_CUT: every place where a piece may end, after a character that is not
+    whitespace and before a space or a newline."""
+    return [p for p in range(1, len(text)) if not text[p - 1].isspace() and text[p] in " \n"]
+
+
+def test_every_white_space_character_is_a_space_to_python():
+    # LAST_CUT's \S (not str.isspace()) must never be a character that tiktoken's \s matches
+    assert all(character.isspace() for character in WHITE_SPACE)
+
+
+def test_a_cut_where_last_cut_allows_tokenizes_as_the_whole():
+    # every string of up to 4 characters of an alphabet of the pre-tokenizer's cases, and longer random
+    # ones: at each allowed cut, the two sides' tokens are the whole's; elsewhere they often are not
+    alphabet = ["a", "1", "'", "s", " ", "\n", "\t", ".", "\u3000", "\x1c", "日"]
+    texts = ["".join(t) for n in range(2, 5) for t in itertools.product(alphabet, repeat=n)]
+    rng = np.random.default_rng(1)
+    texts += ["".join(rng.choice(alphabet, size=rng.integers(5, 15))) for _ in range(2000)]
+    allowed_cuts, other_cuts_that_differ = 0, 0
+    for text in texts:
+        whole, allowed = ENC.encode_ordinary(text), cuts_allowed(text)
+        for p in range(1, len(text)):
+            same = ENC.encode_ordinary(text[:p]) + ENC.encode_ordinary(text[p:]) == whole
+            assert same or p not in allowed, (text, p)
+            allowed_cuts += p in allowed
+            other_cuts_that_differ += not same
+        last = fetch.LAST_CUT.match(text)
+        assert (last.end() if last else None) == (allowed[-1] if allowed else None), text
+    assert allowed_cuts > 5000 and other_cuts_that_differ > 1000, (allowed_cuts, other_cuts_that_differ)
+
+
+def test_the_pieces_tokenize_as_the_write_ups_whole_parts(tmp_path, monkeypatch):
+    # 3 MB of adversarial text (\r\n and a lone \r among them), cut into more than a thousand pieces
+    monkeypatch.setattr(fetch, "PIECE_CHARS", 2000)
+    path = tmp_path / "wikipedia.txt"
+    path.write_bytes(adversarial_text(700_000).encode())  # bytes: the \r stay as they are on disk
+    assert path.stat().st_size >= 3_000_000
+    theirs = writeups_tokens(path)
+    text = open(path, encoding="utf-8").read()
+    n_pieces = 0
+    for (name, pieces), part, expected in zip(fetch.writeup_parts(str(path)),
+                                              (text[:int(len(text) * 0.9)], text[int(len(text) * 0.9):]),
+                                              theirs):
+        pieces = list(pieces)
+        n_pieces += len(pieces)
+        assert "".join(pieces) == part  # the pieces are the part, \r\n and \r read as \n
+        ours = [token for piece in pieces for token in ENC.encode_ordinary(piece)]
+        assert np.array(ours, dtype=np.uint16).tobytes() == expected, name
+    assert n_pieces > 1000
+    # a naive cut, just after the last newline, does not tokenize alike: the test can fail
+    monkeypatch.setattr(fetch, "LAST_CUT", re.compile(r".*\n", re.S))
+    naive = [t for piece in next(iter(fetch.writeup_parts(str(path))))[1] for t in ENC.encode_ordinary(piece)]
+    assert np.array(naive, dtype=np.uint16).tobytes() != theirs[0]
+
+
+def publish_writeup(monkeypatch, server, files, paths=("/media", "/raw")):
+    """Make the write-ups' files, {name: bytes}, those of the test's server: served under each of paths,
+    pinned with their size and sha256. Returns the URLs of each, by name."""
+    urls = {}
+    for name, body in files.items():
+        urls[name] = [url(server, f"{path}/{name}") for path in paths]
+        for path in paths:
+            server.files[f"{path}/{name}"] = body
+        monkeypatch.setitem(fetch.WRITEUP_FILES, name, fetch.Pinned(tuple(urls[name]), len(body), sha256(body)))
+    return urls
+
+
+def writeup_files(tmp_path, n_fragments=3000):
+    """{name: bytes} of a small adversarial wikipedia.txt and the token files the write-ups' method makes."""
+    text = tmp_path / "made.txt"
+    text.write_bytes(adversarial_text(n_fragments, seed=2).encode())
+    train, val = writeups_tokens(text)
+    return {"wikipedia.txt": text.read_bytes(), "wikipedia_train.bin": train, "wikipedia_val.bin": val}
+
+
+IDENTICAL = "identical to the write-ups' own token files (wikipedia_train.bin, wikipedia_val.bin)"
+
+
+def test_the_write_ups_text_is_downloaded_and_tokenized_as_theirs(tmp_path, server, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikipedia, lands here
+    monkeypatch.setattr(fetch, "PIECE_CHARS", 500)  # many pieces, on several threads
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)
+    meta = pw.prepare_data(["--threads", "2"])  # the default: the write-ups' text
+    out = tmp_path / "data" / "wikipedia"
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    assert IDENTICAL in capsys.readouterr().out.splitlines()
+    assert server.log == [("/media/wikipedia.txt", None, fetch.USER_AGENT)]  # the text only
+    assert meta["dataset"] == "writeup" and meta["split"] == "writeup" and meta["detokenize"] is False
+    assert meta["source"] == {
+        "dataset": "writeup", "commit": fetch.WRITEUP_COMMIT, "text": "data/wikipedia/wikipedia.txt",
+        "url": urls["wikipedia.txt"][0], "sha256": sha256(files["wikipedia.txt"]), "urls": urls["wikipedia.txt"],
+        "token_files_sha256": {name: sha256(files[name]) for name in ("wikipedia_train.bin", "wikipedia_val.bin")}}
+    for split in ("train", "val"):
+        assert meta[split]["tokens"] * 2 == len(files[f"wikipedia_{split}.bin"])
+        assert meta[split]["sha256"] == sha256(files[f"wikipedia_{split}.bin"])
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia.txt", "wikipedia.txt.origin.json"]
+    assert data.check_data(str(out), block_size=8, vocab_size=50257)["train_sha256"] == meta["train"]["sha256"]
+    pw.prepare_data([])  # the text kept in data/wikipedia is used again: no second download
+    assert len(server.log) == 1 and IDENTICAL in capsys.readouterr().out
+
+
+def test_tokens_other_than_the_write_ups_are_not_written(tmp_path, server, monkeypatch):
+    files = writeup_files(tmp_path)
+    files["wikipedia_val.bin"] = b"other tokens"  # pinned, as if their val file were another
+    publish_writeup(monkeypatch, server, files)
+    out = tmp_path / "out"
+    message = exit_message(["--out_dir", str(out), "--threads", "1"])
+    val = sha256(writeups_tokens(tmp_path / "made.txt")[1])
+    assert message == (f"error: val.bin differs from the write-ups' wikipedia_val.bin: sha256 {val}, theirs "
+                       f"{sha256(b'other tokens')}; no output written under the final names; HINT: --tokens "
+                       "fetches their token files directly")
+    assert outputs(out) == ["wikipedia.txt", "wikipedia.txt.origin.json"]  # the download, kept for next time
+
+
+def test_the_write_ups_token_files(tmp_path, server, monkeypatch, capsys):
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)
+
+    def no_tokenizer(name):
+        raise AssertionError("--tokens needs no tokenizer")
+
+    monkeypatch.setattr(fetch.tiktoken, "get_encoding", no_tokenizer)
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--tokens", "--out_dir", str(out)])
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    assert [entry[0] for entry in server.log] == ["/media/wikipedia_train.bin", "/media/wikipedia_val.bin"]
+    assert meta["source"] == {"dataset": "writeup", "commit": fetch.WRITEUP_COMMIT, **{
+        name: {"url": urls[name][0], "sha256": sha256(files[name]), "urls": urls[name]}
+        for name in ("wikipedia_train.bin", "wikipedia_val.bin")}}
+    tokens = np.frombuffer(files["wikipedia_train.bin"], dtype=np.uint16)
+    assert meta["train"] == {"tokens": len(tokens), "max_token_id": tokens.max(),
+                             "sha256": sha256(files["wikipedia_train.bin"])}
+    assert IDENTICAL in capsys.readouterr().out.splitlines()
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia_train.bin",
+                            "wikipedia_train.bin.origin.json", "wikipedia_val.bin", "wikipedia_val.bin.origin.json"]
+
+
+LFS_POINTER_TEXT = (b"version https://git-lfs.github.com/spec/v1\noid sha256:be17913eb060032dacc0155670c999d97e8ba"
+                    b"57fd45135fe11b1a56c1b6d7bbf\nsize 178723194\n")
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (403, "HTTP 403 Forbidden"),  # the owner's LFS quota spent
+    (LFS_POINTER_TEXT, f"the server sent a Git LFS pointer ({len(LFS_POINTER_TEXT)} bytes), not the file: "
+                       "GitHub does not serve it now (its owner's LFS quota spent, or the file gone)"),
+    (b"x" * 5000, "server offers 5,000 bytes, expected {size:,}"),
+])
+def test_a_text_github_does_not_serve(tmp_path, server, monkeypatch, answer, problem):
+    monkeypatch.chdir(tmp_path)
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)
+    for path in ("/media/wikipedia.txt", "/raw/wikipedia.txt"):
+        server.files[path] = answer
+    message = exit_message([])
+    problem = problem.format(size=len(files["wikipedia.txt"]))
+    assert message == (f"error: could not download the data: {urls['wikipedia.txt'][0]}: {problem}; "
+                       f"{urls['wikipedia.txt'][1]}: {problem}; HINT: `python prepare_wikipedia.py --tokens` "
+                       "fetches their token files instead, or `python prepare_wikipedia.py "
+                       "--dataset=wikitext103 --split=writeup --out_dir data/wikipedia` prepares WikiText-103 "
+                       "in their regime")  # both ways on write where the quick start reads
+    assert not (tmp_path / "data").exists()  # no folder made, no data.lock left in one
+
+
+def test_a_failed_download_into_a_folder_of_the_users_keeps_the_folder(tmp_path, server, monkeypatch):
+    publish_writeup(monkeypatch, server, {"wikipedia_train.bin": b"\0\0", "wikipedia_val.bin": b"\0\0"})
+    server.files["/media/wikipedia_train.bin"] = server.files["/raw/wikipedia_train.bin"] = 404
+    out = tmp_path / "mine"
+    out.mkdir()
+    message = exit_message(["--tokens", "--out_dir", str(out)])
+    assert f"HINT: `python prepare_wikipedia.py --out_dir {out}` tokenizes their text instead" in message
+    assert out.is_dir() and os.listdir(out) == []  # the user's folder stays, without the lock of the run
+
+
+def test_a_wikitext_hint_keeps_the_split_and_the_folder(tmp_path, server, monkeypatch):
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
+    publish(monkeypatch, "wikitext103", [url(server, "/gone.zip")], 100, "0" * 64)
+    message = exit_message(["--dataset", "wikitext103", "--split=writeup", "--train_tokens", "1000",
+                            "--out_dir", str(tmp_path / "wt")])
+    assert message.endswith(
+        f"`python prepare_wikipedia.py --zip FILE --dataset wikitext103 --split=writeup --train_tokens 1000 "
+        f"--out_dir {tmp_path / 'wt'}`, or unzip it and run `python prepare_wikipedia.py --input wiki.train.raw "
+        f"--split=writeup --train_tokens 1000 --out_dir {tmp_path / 'wt'}`")
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_copy_of_the_text_given_with_input(tmp_path, monkeypatch, capsys, pinned):
+    files = writeup_files(tmp_path)
+    path = tmp_path / "wikipedia.txt"
+    path.write_bytes(files["wikipedia.txt"])
+    if pinned:  # the test's text as the write-ups' own, and its tokens as theirs
+        for name, body in files.items():
+            monkeypatch.setitem(fetch.WRITEUP_FILES, name, fetch.Pinned((), len(body), sha256(body)))
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--dataset=writeup", "--input", str(path), "--out_dir", str(out), "--threads", "1"])
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]  # their method, either way
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    captured = capsys.readouterr()
+    warning = (f"warning: {path} is not the write-ups' wikipedia.txt (sha256 {sha256(files['wikipedia.txt'])}): "
+               "it is tokenized their way, but its tokens will not be theirs, and are not compared with theirs")
+    assert (warning in captured.err.splitlines()) is not pinned
+    assert (IDENTICAL in captured.out.splitlines()) is pinned  # compared only when it is their text
+    assert meta["source"]["text"] == str(path) and (meta["source"]["token_files_sha256"] is None) is not pinned
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # nothing downloaded
+
+
+def test_an_lfs_pointer_given_with_input_is_refused(tmp_path):
+    path = tmp_path / "wikipedia.txt"  # what a clone of yiphei/yif-AI without Git LFS holds
+    path.write_bytes(LFS_POINTER_TEXT)
+    message = exit_message(["--input", str(path), "--dataset", "writeup", "--out_dir", str(tmp_path / "out")])
+    assert message == (f"error: {path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in your clone of "
+                       "yiphei/yif-AI, or drop --input to download the text")
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--split=writeup"], "error: --split does not apply to the write-ups' own text and split"),
+    (["--dataset=writeup", "--zip", "a.zip"], "error: --zip does not apply to the write-ups' own text"),
+    (["--max_chars", "100"], "error: --max_chars does not apply to the write-ups' own text"),
+    (["--tokens", "--input", "a.txt"], "error: --tokens fetches the write-ups' token files, --input tokenizes"),
+    (["--tokens", "--dataset", "wikitext2"], "error: --tokens fetches the write-ups' token files: "
+                                             "--dataset=writeup only"),
+    (["--dataset=writeup", "--input", "a.txt", "b.txt"], "error: --dataset=writeup takes one --input file"),
+    (["--num_proc", "0"], "error: --threads must be 1 or more, got 0"),  # one setting, two names
+])
+def test_writeup_settings_that_contradict(tmp_path, flags, problem):
+    message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
+    assert message.startswith(problem) and "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_threads_is_the_name_and_num_proc_its_alias(capsys):
+    with pytest.raises(SystemExit):
+        pw.main(["--help"])
+    assert "--threads THREADS, --num_proc THREADS" in capsys.readouterr().out
+
+
+def test_progress_to_a_file_or_a_pipe_is_whole_lines(capsys, monkeypatch):
+    with fetch.Progress() as progress:  # stderr is not a terminal here
+        for i in range(3):
+            progress.show(f"step {i}")
+    assert capsys.readouterr().err == "step 0\nstep 2\n"  # the first at once, then the last; no \r
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with fetch.Progress() as progress:
+        progress.show("step 0")
+    assert capsys.readouterr().err == "\rstep 0\n"  # on a terminal, one line rewritten in place
