@@ -241,7 +241,8 @@ def test_lines_read_as_text_mode_reads_them(tmp_path):
 
 def test_document_boundaries(monkeypatch):
     lines = "".join(ARTICLES[:3]).splitlines(keepends=True)
-    assert list(fetch.read_documents(lines)) == ARTICLES[:3]  # ` = = History = = ` starts no document
+    # ` = = History = = ` starts no document
+    assert list(fetch.read_documents(lines)) == ARTICLES[:3]
     # text without headings: past MAX_DOC_CHARS, a document ends at the next blank line
     monkeypatch.setattr(fetch, "MAX_DOC_CHARS", 40)
     paragraphs = [f"paragraph {i} has some words in it .\nand a second line .\n\n" for i in range(5)]
@@ -361,7 +362,8 @@ def test_write_split_stops_at_the_nearest_boundary(tmp_path):
 
 def token_counts(docs, detokenized=True):
     """Tokens of each document (detokenized or as it is), <|endoftext|> included."""
-    return [len(ENC.encode_ordinary(fetch.detokenize(doc) if detokenized else doc)) + 1 for doc in docs]
+    texts = [fetch.detokenize(doc) if detokenized else doc for doc in docs]
+    return [len(ENC.encode_ordinary(text)) + 1 for text in texts]
 
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
@@ -376,8 +378,9 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
     meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
                     "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
     assert threading.active_count() == threads  # the tokenizer's threads end with the run, though val stopped early
-    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
-    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
+    # detokenized by default; val is what follows train
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:4]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[4:6]]
     assert meta["split"] == "writeup" and meta["detokenize"] is True and meta["max_chars"] is None
     for split, tokens, asked in [("train", totals[3], train_tokens), ("val", counts[4] + counts[5], val_tokens)]:
         data = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
@@ -419,7 +422,8 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
 
 def test_writeup_defaults_are_the_write_ups_counts():
     args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
-                              train_tokens=None, val_tokens=None, threads=1, retries=1, detokenize=None,
+                              train_tokens=None, val_tokens=None, threads=1, retries=1,
+                              detokenize=None,
                               dataset="wikitext103", zip=None, url=None, sha256=None, out_dir=None,
                               tokens=False)
     pw.check_settings(args)
@@ -1094,8 +1098,8 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    origin = fetch.fetch_file(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), sha256(data), "the test's"),
-                          attempts=1, hint="")
+    expected = fetch.Expected(len(data), sha256(data), "the test's")
+    origin = fetch.fetch_file(urls, str(tmp_path / "wt.zip"), expected, attempts=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
@@ -1125,7 +1129,8 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    fetch.fetch_file(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), None, ""), attempts=5, hint="")
+    expected = fetch.Expected(len(data), None, "")
+    fetch.fetch_file(urls, str(tmp_path / "wt.zip"), expected, attempts=5, hint="")
     assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
@@ -1171,7 +1176,7 @@ def test_the_datasets_are_the_published_files():
     assert wikitext2.sha256 == "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
     wikitext103 = fetch.DATASETS["wikitext103"]
     assert (wikitext103.file, wikitext103.size, wikitext103.out_dir, wikitext103.detokenize) == (
-        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikitext103", False)  # the fallback, in its own folder
+        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikitext103", False)  # the fallback's folder
     assert wikitext103.sha256 == "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
     config = {}
     with open(os.path.join(REPO, "config", "tiny_cpu.py")) as f:
@@ -1207,8 +1212,9 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     # the hash replaced by the test's: it prepares, detokenized by default
     publish(monkeypatch, "wikitext2", urls, len(data), sha256(data))
     meta = pw.prepare_data(argv)
-    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
-    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
+    # wiki.train.raw, then wiki.valid.raw
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:8]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]
     assert meta["detokenize"] is True and meta["split"] == "wikitext"
     assert meta["source"] == {"dataset": "wikitext2", "zip": "data/wikitext2/wikitext-2-raw-v1.zip", "url": urls[1],
                               "sha256": sha256(data), "urls": urls, "expected_sha256": sha256(data)}
@@ -1288,9 +1294,9 @@ def test_sha256_pins_a_url(tmp_path, server):
     part = f"{cached(out, url(server))}.part"
     assert message == (f"error: could not download the data: {url(server)}: {part} has sha256 {sha256(data)}, not "
                        f"{wrong}, given by --sha256; deleted it; HINT: download {url(server)} by hand and run "
-                       f"`python prepare_wikipedia.py --zip FILE --sha256 {wrong} --out_dir {out}`, or unzip "
-                       "it and run `python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw "
-                       f"--out_dir {out}`")  # the same --out_dir: the hint leads where this run would
+                       f"`python prepare_wikipedia.py --zip FILE --sha256 {wrong} --out_dir "
+                       f"{out}`, or unzip it and run `python prepare_wikipedia.py --input "
+                       f"wiki.train.raw wiki.valid.raw --out_dir {out}`")
     assert outputs(out) == []
     meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
     assert meta["source"]["sha256"] == meta["source"]["expected_sha256"] == sha256(data)
@@ -1306,7 +1312,8 @@ def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
     zip_path.write_bytes(data := wikitext_zip(tmp_path))
     argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"]
     message = exit_message(argv)  # checked against WikiText-103's published sha256
-    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {fetch.DATASETS['wikitext103'].sha256}, the "
+    published = fetch.DATASETS['wikitext103'].sha256
+    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {published}, the "
                        f"published sha256 of wikitext-103-raw-v1.zip; HINT: if it is a zip of your own in WikiText's "
                        f"layout, pass --sha256 {sha256(data)} to use it; if it should be the published one, download "
                        "it again")
@@ -1338,7 +1345,8 @@ def test_the_bench_corpus_is_wikitext_like(tmp_path):
     text = path.read_text()
     assert len(text) == 300_000 and " @-@ " in text and " , " in text
     docs = list(fetch.file_documents([str(path)]))
-    assert len(docs) > 10 and all(fetch.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
+    assert len(docs) > 10  # articles, each under its heading
+    assert all(fetch.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)
 
 
 def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
@@ -1353,30 +1361,31 @@ def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
     assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)
 
 
-# --------------------------------------------------------------------------- the write-ups' own data
+# ----------------------------------------------------------------- the write-ups' own data
 
 def writeups_tokens(path):
-    """The write-ups' own method (datasets/prepare_data.py of yiphei/yif-AI), line for line: the reference.
-    Returns the bytes of their train and val token files."""
+    """The write-ups' own method (datasets/prepare_data.py of yiphei/yif-AI), line for line: the
+    reference. Returns the bytes of their train and val token files."""
     data = open(path, "r", encoding="utf-8").read()
     n = len(data)
     train_ids = ENC.encode_ordinary(data[:int(n * 0.9)])
     val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
-    return np.array(train_ids, dtype=np.uint16).tobytes(), np.array(val_ids, dtype=np.uint16).tobytes()
+    return tuple(np.array(ids, dtype=np.uint16).tobytes() for ids in (train_ids, val_ids))
 
 
 # Unicode's White_Space characters, all of which tiktoken's \s matches
 WHITE_SPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200b)))
                + "\u2028\u2029\u202f\u205f\u3000")
-# what the pre-tokenizer treats in its own ways: newlines of every kind, runs of spaces and newlines,
-# digits, contractions, non-Latin scripts, emoji (with modifiers and joiners), the special token's text,
-# and characters that look like spaces but are not White_Space (\x1c-\x1f, U+180E, U+200B, U+FEFF)
-FRAGMENTS = ["\r\n", "\r", "\n", "\n\n", "\n\n\n", "\r\r\n", "  ", " " * 7, " " * 40, "\n" * 30, " \n",
-             "\n ", "\t", " \t\n", "the", " the", "Word", " 1984", "3.14159", "0", " 12", "'s", "'t", "'re",
-             "'ve", "'m", "'ll", "'d", " don't", "I'm", " they'LL", "''", " '", "日本語", " 中文", "Привет",
-             " مرحبا", "हिन्दी", "🎉", " 👍🏽", "🏳️‍🌈", "<|endoftext|>", " <|endoftext|>", ".", ",", "!?", " ...",
-             "(", ")", "—", " -", "@-@", " = Title = ", "é", "e\u0301", "ß", "\x1c", "\x1d", "\x1e", "\x1f",
-             "\u180e", "\u200b", "\ufeff", *WHITE_SPACE]
+# what the pre-tokenizer treats in its own ways: newlines of every kind, runs of spaces and
+# newlines, digits, contractions, non-Latin scripts, emoji (with modifiers and joiners), the
+# special token's text, and characters that look like spaces but are not White_Space
+FRAGMENTS = ["\r\n", "\r", "\n", "\n\n", "\n\n\n", "\r\r\n", "  ", " " * 7, " " * 40, "\n" * 30,
+             " \n", "\n ", "\t", " \t\n", "the", " the", "Word", " 1984", "3.14159", "0", " 12",
+             "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", " don't", "I'm", " they'LL", "''", " '",
+             "日本語", " 中文", "Привет", " مرحبا", "हिन्दी", "🎉", " 👍🏽", "🏳️‍🌈",
+             "<|endoftext|>", " <|endoftext|>", ".", ",", "!?", " ...", "(", ")", "—", " -", "@-@",
+             " = Title = ", "é", "e\u0301", "ß", "\x1c", "\x1d", "\x1e", "\x1f", "\u180e", "\u200b",
+             "\ufeff", *WHITE_SPACE]
 
 
 def adversarial_text(n_fragments, seed=0):
@@ -1385,8 +1394,8 @@ def adversarial_text(n_fragments, seed=0):
 
 
 def cuts_allowed(text):
-    """Slow reference of LAST_CUT: every place where a piece may end, after a character that is not
-    whitespace and before a space or a newline."""
+    """Slow reference of LAST_CUT: every place where a piece may end, after a character that is
+    not whitespace and before a space or a newline."""
     return [p for p in range(1, len(text)) if not text[p - 1].isspace() and text[p] in " \n"]
 
 
@@ -1396,8 +1405,9 @@ def test_every_white_space_character_is_a_space_to_python():
 
 
 def test_a_cut_where_last_cut_allows_tokenizes_as_the_whole():
-    # every string of up to 4 characters of an alphabet of the pre-tokenizer's cases, and longer random
-    # ones: at each allowed cut, the two sides' tokens are the whole's; elsewhere they often are not
+    # every string of up to 4 characters of an alphabet of the pre-tokenizer's cases, and longer
+    # random ones: at each allowed cut, the two sides' tokens are the whole's; elsewhere they often
+    # are not
     alphabet = ["a", "1", "'", "s", " ", "\n", "\t", ".", "\u3000", "\x1c", "日"]
     texts = ["".join(t) for n in range(2, 5) for t in itertools.product(alphabet, repeat=n)]
     rng = np.random.default_rng(1)
@@ -1412,21 +1422,21 @@ def test_a_cut_where_last_cut_allows_tokenizes_as_the_whole():
             other_cuts_that_differ += not same
         last = fetch.LAST_CUT.match(text)
         assert (last.end() if last else None) == (allowed[-1] if allowed else None), text
-    assert allowed_cuts > 5000 and other_cuts_that_differ > 1000, (allowed_cuts, other_cuts_that_differ)
+    assert allowed_cuts > 5000 and other_cuts_that_differ > 1000  # the test can fail
 
 
 def test_the_pieces_tokenize_as_the_write_ups_whole_parts(tmp_path, monkeypatch):
-    # 3 MB of adversarial text (\r\n and a lone \r among them), cut into more than a thousand pieces
+    # 3 MB of adversarial text (\r\n and a lone \r among them), cut into more than 1,000 pieces
     monkeypatch.setattr(fetch, "PIECE_CHARS", 2000)
     path = tmp_path / "wikipedia.txt"
-    path.write_bytes(adversarial_text(700_000).encode())  # bytes: the \r stay as they are on disk
+    path.write_bytes(adversarial_text(700_000).encode())  # bytes: the \r stay as they are
     assert path.stat().st_size >= 3_000_000
     theirs = writeups_tokens(path)
     text = open(path, encoding="utf-8").read()
+    cut = int(len(text) * 0.9)
     n_pieces = 0
     for (name, pieces), part, expected in zip(fetch.writeup_parts(str(path)),
-                                              (text[:int(len(text) * 0.9)], text[int(len(text) * 0.9):]),
-                                              theirs):
+                                              (text[:cut], text[cut:]), theirs):
         pieces = list(pieces)
         n_pieces += len(pieces)
         assert "".join(pieces) == part  # the pieces are the part, \r\n and \r read as \n
@@ -1435,34 +1445,40 @@ def test_the_pieces_tokenize_as_the_write_ups_whole_parts(tmp_path, monkeypatch)
     assert n_pieces > 1000
     # a naive cut, just after the last newline, does not tokenize alike: the test can fail
     monkeypatch.setattr(fetch, "LAST_CUT", re.compile(r".*\n", re.S))
-    naive = [t for piece in next(iter(fetch.writeup_parts(str(path))))[1] for t in ENC.encode_ordinary(piece)]
+    train_pieces = fetch.writeup_parts(str(path))[0][1]
+    naive = [token for piece in train_pieces for token in ENC.encode_ordinary(piece)]
     assert np.array(naive, dtype=np.uint16).tobytes() != theirs[0]
 
 
 def publish_writeup(monkeypatch, server, files, paths=("/media", "/raw")):
-    """Make the write-ups' files, {name: bytes}, those of the test's server: served under each of paths,
-    pinned with their size and sha256. Returns the URLs of each, by name."""
+    """Make the write-ups' files, {name: bytes}, those of the test's server: served under each of
+    paths, pinned with their size and sha256. Returns the URLs of each, by name."""
     urls = {}
     for name, body in files.items():
         urls[name] = [url(server, f"{path}/{name}") for path in paths]
         for path in paths:
             server.files[f"{path}/{name}"] = body
-        monkeypatch.setitem(fetch.WRITEUP_FILES, name, fetch.Pinned(tuple(urls[name]), len(body), sha256(body)))
+        pinned = fetch.Pinned(tuple(urls[name]), len(body), sha256(body))
+        monkeypatch.setitem(fetch.WRITEUP_FILES, name, pinned)
     return urls
 
 
 def writeup_files(tmp_path, n_fragments=3000):
-    """{name: bytes} of a small adversarial wikipedia.txt and the token files the write-ups' method makes."""
+    """{name: bytes} of a small adversarial wikipedia.txt and of the token files that the
+    write-ups' method makes of it."""
     text = tmp_path / "made.txt"
     text.write_bytes(adversarial_text(n_fragments, seed=2).encode())
     train, val = writeups_tokens(text)
-    return {"wikipedia.txt": text.read_bytes(), "wikipedia_train.bin": train, "wikipedia_val.bin": val}
+    return {"wikipedia.txt": text.read_bytes(), "wikipedia_train.bin": train,
+            "wikipedia_val.bin": val}
 
 
 IDENTICAL = "identical to the write-ups' own token files (wikipedia_train.bin, wikipedia_val.bin)"
+TOKEN_FILES = ("wikipedia_train.bin", "wikipedia_val.bin")
 
 
-def test_the_write_ups_text_is_downloaded_and_tokenized_as_theirs(tmp_path, server, monkeypatch, capsys):
+def test_the_write_ups_text_is_downloaded_and_tokenized_as_theirs(tmp_path, server, monkeypatch,
+                                                                  capsys):
     monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikipedia, lands here
     monkeypatch.setattr(fetch, "PIECE_CHARS", 500)  # many pieces, on several threads
     files = writeup_files(tmp_path)
@@ -1473,16 +1489,20 @@ def test_the_write_ups_text_is_downloaded_and_tokenized_as_theirs(tmp_path, serv
     assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
     assert IDENTICAL in capsys.readouterr().out.splitlines()
     assert server.log == [("/media/wikipedia.txt", None, fetch.USER_AGENT)]  # the text only
-    assert meta["dataset"] == "writeup" and meta["split"] == "writeup" and meta["detokenize"] is False
+    assert (meta["dataset"], meta["split"], meta["detokenize"]) == ("writeup", "writeup", False)
     assert meta["source"] == {
-        "dataset": "writeup", "commit": fetch.WRITEUP_COMMIT, "text": "data/wikipedia/wikipedia.txt",
-        "url": urls["wikipedia.txt"][0], "sha256": sha256(files["wikipedia.txt"]), "urls": urls["wikipedia.txt"],
-        "token_files_sha256": {name: sha256(files[name]) for name in ("wikipedia_train.bin", "wikipedia_val.bin")}}
+        "dataset": "writeup", "commit": fetch.WRITEUP_COMMIT,
+        "text": "data/wikipedia/wikipedia.txt",
+        "url": urls["wikipedia.txt"][0], "sha256": sha256(files["wikipedia.txt"]),
+        "urls": urls["wikipedia.txt"],
+        "token_files_sha256": {name: sha256(files[name]) for name in TOKEN_FILES}}
     for split in ("train", "val"):
         assert meta[split]["tokens"] * 2 == len(files[f"wikipedia_{split}.bin"])
         assert meta[split]["sha256"] == sha256(files[f"wikipedia_{split}.bin"])
-    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia.txt", "wikipedia.txt.origin.json"]
-    assert data.check_data(str(out), block_size=8, vocab_size=50257)["train_sha256"] == meta["train"]["sha256"]
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia.txt",
+                            "wikipedia.txt.origin.json"]
+    identity = data.check_data(str(out), block_size=8, vocab_size=50257)  # what train.py checks
+    assert identity["train_sha256"] == meta["train"]["sha256"]
     pw.prepare_data([])  # the text kept in data/wikipedia is used again: no second download
     assert len(server.log) == 1 and IDENTICAL in capsys.readouterr().out
 
@@ -1494,10 +1514,10 @@ def test_tokens_other_than_the_write_ups_are_not_written(tmp_path, server, monke
     out = tmp_path / "out"
     message = exit_message(["--out_dir", str(out), "--threads", "1"])
     val = sha256(writeups_tokens(tmp_path / "made.txt")[1])
-    assert message == (f"error: val.bin differs from the write-ups' wikipedia_val.bin: sha256 {val}, theirs "
-                       f"{sha256(b'other tokens')}; no output written under the final names; HINT: --tokens "
-                       "fetches their token files directly")
-    assert outputs(out) == ["wikipedia.txt", "wikipedia.txt.origin.json"]  # the download, kept for next time
+    assert message == (f"error: val.bin differs from the write-ups' wikipedia_val.bin: sha256 "
+                       f"{val}, theirs {sha256(b'other tokens')}; no output written under the "
+                       "final names; HINT: --tokens fetches their token files directly")
+    assert outputs(out) == ["wikipedia.txt", "wikipedia.txt.origin.json"]  # kept for next time
 
 
 def test_the_write_ups_token_files(tmp_path, server, monkeypatch, capsys):
@@ -1512,63 +1532,69 @@ def test_the_write_ups_token_files(tmp_path, server, monkeypatch, capsys):
     meta = pw.prepare_data(["--tokens", "--out_dir", str(out)])
     assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]
     assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
-    assert [entry[0] for entry in server.log] == ["/media/wikipedia_train.bin", "/media/wikipedia_val.bin"]
+    assert [entry[0] for entry in server.log] == [f"/media/{name}" for name in TOKEN_FILES]
     assert meta["source"] == {"dataset": "writeup", "commit": fetch.WRITEUP_COMMIT, **{
         name: {"url": urls[name][0], "sha256": sha256(files[name]), "urls": urls[name]}
-        for name in ("wikipedia_train.bin", "wikipedia_val.bin")}}
+        for name in TOKEN_FILES}}
     tokens = np.frombuffer(files["wikipedia_train.bin"], dtype=np.uint16)
     assert meta["train"] == {"tokens": len(tokens), "max_token_id": tokens.max(),
                              "sha256": sha256(files["wikipedia_train.bin"])}
     assert IDENTICAL in capsys.readouterr().out.splitlines()
     assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia_train.bin",
-                            "wikipedia_train.bin.origin.json", "wikipedia_val.bin", "wikipedia_val.bin.origin.json"]
+                            "wikipedia_train.bin.origin.json", "wikipedia_val.bin",
+                            "wikipedia_val.bin.origin.json"]
 
 
-LFS_POINTER_TEXT = (b"version https://git-lfs.github.com/spec/v1\noid sha256:be17913eb060032dacc0155670c999d97e8ba"
-                    b"57fd45135fe11b1a56c1b6d7bbf\nsize 178723194\n")
+LFS_POINTER_TEXT = (b"version https://git-lfs.github.com/spec/v1\noid sha256:"
+                    b"be17913eb060032dacc0155670c999d97e8ba57fd45135fe11b1a56c1b6d7bbf\n"
+                    b"size 178723194\n")
 
 
 @pytest.mark.parametrize("answer, problem", [
     (403, "HTTP 403 Forbidden"),  # the owner's LFS quota spent
-    (LFS_POINTER_TEXT, f"the server sent a Git LFS pointer ({len(LFS_POINTER_TEXT)} bytes), not the file: "
-                       "GitHub does not serve it now (its owner's LFS quota spent, or the file gone)"),
+    (LFS_POINTER_TEXT, f"the server sent a Git LFS pointer ({len(LFS_POINTER_TEXT)} bytes), not "
+                       "the file: GitHub does not serve it now (its owner's LFS quota spent, or "
+                       "the file gone)"),
     (b"x" * 5000, "server offers 5,000 bytes, expected {size:,}"),
 ])
 def test_a_text_github_does_not_serve(tmp_path, server, monkeypatch, answer, problem):
     monkeypatch.chdir(tmp_path)
     files = writeup_files(tmp_path)
-    urls = publish_writeup(monkeypatch, server, files)
+    urls = publish_writeup(monkeypatch, server, files)["wikipedia.txt"]
     for path in ("/media/wikipedia.txt", "/raw/wikipedia.txt"):
         server.files[path] = answer
     message = exit_message([])
     problem = problem.format(size=len(files["wikipedia.txt"]))
-    assert message == (f"error: could not download the data: {urls['wikipedia.txt'][0]}: {problem}; "
-                       f"{urls['wikipedia.txt'][1]}: {problem}; HINT: `python prepare_wikipedia.py --tokens` "
-                       "fetches their token files instead, or `python prepare_wikipedia.py "
-                       "--dataset=wikitext103 --split=writeup --out_dir data/wikipedia` prepares WikiText-103 "
-                       "in their regime")  # both ways on write where the quick start reads
+    # both ways on write where the quick start reads
+    assert message == (
+        f"error: could not download the data: {urls[0]}: {problem}; {urls[1]}: {problem}; HINT: "
+        "`python prepare_wikipedia.py --tokens` fetches their token files instead, or `python "
+        "prepare_wikipedia.py --dataset=wikitext103 --split=writeup --out_dir data/wikipedia` "
+        "prepares WikiText-103 in their regime")
     assert not (tmp_path / "data").exists()  # no folder made, no data.lock left in one
 
 
-def test_a_failed_download_into_a_folder_of_the_users_keeps_the_folder(tmp_path, server, monkeypatch):
-    publish_writeup(monkeypatch, server, {"wikipedia_train.bin": b"\0\0", "wikipedia_val.bin": b"\0\0"})
+def test_a_failed_download_into_a_folder_of_the_users_keeps_the_folder(tmp_path, server,
+                                                                       monkeypatch):
+    publish_writeup(monkeypatch, server, {name: b"\0\0" for name in TOKEN_FILES})
     server.files["/media/wikipedia_train.bin"] = server.files["/raw/wikipedia_train.bin"] = 404
     out = tmp_path / "mine"
     out.mkdir()
     message = exit_message(["--tokens", "--out_dir", str(out)])
-    assert f"HINT: `python prepare_wikipedia.py --out_dir {out}` tokenizes their text instead" in message
-    assert out.is_dir() and os.listdir(out) == []  # the user's folder stays, without the lock of the run
+    assert f"HINT: `python prepare_wikipedia.py --out_dir {out}` tokenizes their text" in message
+    assert out.is_dir() and os.listdir(out) == []  # the user's folder stays, without the lock
 
 
 def test_a_wikitext_hint_keeps_the_split_and_the_folder(tmp_path, server, monkeypatch):
     monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     publish(monkeypatch, "wikitext103", [url(server, "/gone.zip")], 100, "0" * 64)
+    out = tmp_path / "wt"
     message = exit_message(["--dataset", "wikitext103", "--split=writeup", "--train_tokens", "1000",
-                            "--out_dir", str(tmp_path / "wt")])
+                            "--out_dir", str(out)])
     assert message.endswith(
-        f"`python prepare_wikipedia.py --zip FILE --dataset wikitext103 --split=writeup --train_tokens 1000 "
-        f"--out_dir {tmp_path / 'wt'}`, or unzip it and run `python prepare_wikipedia.py --input wiki.train.raw "
-        f"--split=writeup --train_tokens 1000 --out_dir {tmp_path / 'wt'}`")
+        "`python prepare_wikipedia.py --zip FILE --dataset wikitext103 --split=writeup "
+        f"--train_tokens 1000 --out_dir {out}`, or unzip it and run `python prepare_wikipedia.py "
+        f"--input wiki.train.raw --split=writeup --train_tokens 1000 --out_dir {out}`")
 
 
 @pytest.mark.parametrize("pinned", [True, False])
@@ -1578,36 +1604,41 @@ def test_a_copy_of_the_text_given_with_input(tmp_path, monkeypatch, capsys, pinn
     path.write_bytes(files["wikipedia.txt"])
     if pinned:  # the test's text as the write-ups' own, and its tokens as theirs
         for name, body in files.items():
-            monkeypatch.setitem(fetch.WRITEUP_FILES, name, fetch.Pinned((), len(body), sha256(body)))
+            pin = fetch.Pinned((), len(body), sha256(body))
+            monkeypatch.setitem(fetch.WRITEUP_FILES, name, pin)
     out = tmp_path / "out"
-    meta = pw.prepare_data(["--dataset=writeup", "--input", str(path), "--out_dir", str(out), "--threads", "1"])
-    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]  # their method, either way
+    meta = pw.prepare_data(["--dataset=writeup", "--input", str(path), "--out_dir", str(out),
+                            "--threads", "1"])
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]  # their method
     assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
     captured = capsys.readouterr()
-    warning = (f"warning: {path} is not the write-ups' wikipedia.txt (sha256 {sha256(files['wikipedia.txt'])}): "
-               "it is tokenized their way, but its tokens will not be theirs, and are not compared with theirs")
+    warning = (f"warning: {path} is not the write-ups' wikipedia.txt (sha256 "
+               f"{sha256(files['wikipedia.txt'])}): it is tokenized their way, but its tokens will "
+               "not be theirs, and are not compared with theirs")
     assert (warning in captured.err.splitlines()) is not pinned
-    assert (IDENTICAL in captured.out.splitlines()) is pinned  # compared only when it is their text
-    assert meta["source"]["text"] == str(path) and (meta["source"]["token_files_sha256"] is None) is not pinned
+    assert (IDENTICAL in captured.out.splitlines()) is pinned  # compared only when it is theirs
+    assert meta["source"]["text"] == str(path)
+    assert (meta["source"]["token_files_sha256"] is None) is not pinned
     assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # nothing downloaded
 
 
 def test_an_lfs_pointer_given_with_input_is_refused(tmp_path):
     path = tmp_path / "wikipedia.txt"  # what a clone of yiphei/yif-AI without Git LFS holds
     path.write_bytes(LFS_POINTER_TEXT)
-    message = exit_message(["--input", str(path), "--dataset", "writeup", "--out_dir", str(tmp_path / "out")])
-    assert message == (f"error: {path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in your clone of "
-                       "yiphei/yif-AI, or drop --input to download the text")
+    message = exit_message(["--input", str(path), "--dataset", "writeup",
+                            "--out_dir", str(tmp_path / "out")])
+    assert message == (f"error: {path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in "
+                       "your clone of yiphei/yif-AI, or drop --input to download the text")
 
 
 @pytest.mark.parametrize("flags, problem", [
     (["--split=writeup"], "error: --split does not apply to the write-ups' own text and split"),
-    (["--dataset=writeup", "--zip", "a.zip"], "error: --zip does not apply to the write-ups' own text"),
+    (["--dataset=writeup", "--zip", "a.zip"], "error: --zip does not apply to the write-ups'"),
     (["--max_chars", "100"], "error: --max_chars does not apply to the write-ups' own text"),
-    (["--tokens", "--input", "a.txt"], "error: --tokens fetches the write-ups' token files, --input tokenizes"),
+    (["--tokens", "--input", "a.txt"], "error: --tokens fetches the write-ups' token files, "),
     (["--tokens", "--dataset", "wikitext2"], "error: --tokens fetches the write-ups' token files: "
                                              "--dataset=writeup only"),
-    (["--dataset=writeup", "--input", "a.txt", "b.txt"], "error: --dataset=writeup takes one --input file"),
+    (["--dataset=writeup", "--input", "a", "b"], "error: --dataset=writeup takes one --input file"),
     (["--num_proc", "0"], "error: --threads must be 1 or more, got 0"),  # one setting, two names
 ])
 def test_writeup_settings_that_contradict(tmp_path, flags, problem):
@@ -1626,7 +1657,7 @@ def test_progress_to_a_file_or_a_pipe_is_whole_lines(capsys, monkeypatch):
     with fetch.Progress() as progress:  # stderr is not a terminal here
         for i in range(3):
             progress.show(f"step {i}")
-    assert capsys.readouterr().err == "step 0\nstep 2\n"  # the first at once, then the last; no \r
+    assert capsys.readouterr().err == "step 0\nstep 2\n"  # the first at once, then the last
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with fetch.Progress() as progress:
         progress.show("step 0")
