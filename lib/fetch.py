@@ -1,9 +1,11 @@
 """
-What prepare_wikipedia.py fetches: the write-ups' own files (their text, or their token files) and the WikiText
-zips, whose size and sha256 are checked before any of it is read, and tiktoken's GPT-2 files, checked before a
-long download. A download resumes its .part with an HTTP Range request and records
-its origin (the URL after redirects, and the sha256); a cached zip that fails is renamed *.bad, never deleted; the
-cache is keyed by URL; retries, backoff and Retry-After are urllib3's. A reader of the tutorial may skip this file.
+What prepare_wikipedia.py fetches and reads: the write-ups' own files (their text, or their token
+files) and the WikiText zips, pinned here, whose size and sha256 are checked before any of it is
+read; how the text of each is read (WikiText's in documents, the write-ups' in pieces); and
+tiktoken's GPT-2 files, checked before a long download. A download resumes its .part with an HTTP
+Range request and records its origin (the URL after redirects, and the sha256); a cached zip that
+fails is renamed *.bad, never deleted; the cache is keyed by URL; retries, backoff and Retry-After
+are urllib3's. A reader of the tutorial may skip this file.
 """
 import collections
 import contextlib
@@ -53,50 +55,56 @@ DATASETS = {
     "wikitext103": Dataset(  # 103M words of Wikipedia, about 118M GPT-2 tokens of training text
         file="wikitext-103-raw-v1.zip",
         urls=("https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
-              "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip"),
+              "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/"
+              "wikitext-103-raw-v1.zip"),
         size=191_984_949, sha256="91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794",
         out_dir="data/wikitext103", detokenize=False),
-    "wikitext2": Dataset(  # for a first run on a CPU; detokenized, so that a tiny model's samples read as text
+    # for a first run on a CPU; detokenized, so that a tiny model's samples read as text
+    "wikitext2": Dataset(
         file="wikitext-2-raw-v1.zip",
         urls=("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
               "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip"),
         size=4_721_645, sha256="ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
         out_dir="data/wikitext2", detokenize=True),
 }
-# The write-ups' own data: the folder datasets/wikipedia of GitHub yiphei/yif-AI at one commit, its files in
-# Git LFS; the size and sha256 of each are those its Git LFS pointer gives.
+# The write-ups' own data: the folder datasets/wikipedia of GitHub yiphei/yif-AI at one commit, its
+# files in Git LFS; the size and sha256 of each are those its Git LFS pointer gives.
 WRITEUP_COMMIT = "55c3ac37884aef0e3a938337bcbae2b0a26c9cb5"
 Pinned = collections.namedtuple("Pinned", "urls size sha256")
 
 
 def served(name):
-    """Where GitHub serves a Git LFS file of that folder: its LFS host, then the raw address that redirects there."""
-    return (f"https://media.githubusercontent.com/media/yiphei/yif-AI/{WRITEUP_COMMIT}/datasets/wikipedia/{name}",
+    """Where GitHub serves a Git LFS file of that folder: its LFS host, then the raw address that
+    redirects there."""
+    return (f"https://media.githubusercontent.com/media/yiphei/yif-AI/{WRITEUP_COMMIT}/"
+            f"datasets/wikipedia/{name}",
             f"https://github.com/yiphei/yif-AI/raw/{WRITEUP_COMMIT}/datasets/wikipedia/{name}")
 
 
 WRITEUP_FILES = {
     "wikipedia.txt": Pinned(served("wikipedia.txt"), 178_723_194,
                             "be17913eb060032dacc0155670c999d97e8ba57fd45135fe11b1a56c1b6d7bbf"),
-    "wikipedia_train.bin": Pinned(served("wikipedia_train.bin"), 76_553_660,
-                                  "eca4058f7bd8d508bfa8930f092fadffaa5d0b05b14dc6d3c0edc561348f4de1"),
-    "wikipedia_val.bin": Pinned(served("wikipedia_val.bin"), 8_683_560,
-                                "93890178ee863dc019a8018eb99af7d2ec1385b4f340ae1e66d14a567accca09"),
+    "wikipedia_train.bin": Pinned(
+        served("wikipedia_train.bin"), 76_553_660,
+        "eca4058f7bd8d508bfa8930f092fadffaa5d0b05b14dc6d3c0edc561348f4de1"),
+    "wikipedia_val.bin": Pinned(
+        served("wikipedia_val.bin"), 8_683_560,
+        "93890178ee863dc019a8018eb99af7d2ec1385b4f340ae1e66d14a567accca09"),
 }
-WRITEUP_TOKENS = (38_276_830, 4_341_780)  # the tokens of the two .bin files: the write-ups' train and val
-WRITEUP_TRAIN_SHARE = 0.9  # the write-ups' train: the first 90% of the characters of their text, val the rest
+WRITEUP_TOKENS = (38_276_830, 4_341_780)  # in the two .bin files: the write-ups' train and val
+WRITEUP_TRAIN_SHARE = 0.9  # their train: the first 90% of their text's characters
 PIECE_CHARS = 1 << 16  # their text goes to the tokenizer in pieces of about this many characters
-# the last place in a text where a piece may end: after a character other than whitespace, before a space or
-# a newline (Python's \S is not str.isspace(), which counts every character tiktoken's \s does as a space)
+# the last place in a text where a piece may end: after a character other than whitespace, before
+# a space or a newline (Python's \S is not str.isspace(), true of every character tiktoken's \s is)
 LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
-# what GitHub sends in place of a Git LFS file it does not serve (the owner's quota spent, the file gone)
+# what GitHub sends for a Git LFS file it does not serve (the owner's quota spent, the file gone)
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 PROGRESS_LINE_S = 10  # to a file or a pipe, a progress line every this many seconds
 
 
 class Progress(cli.Progress):
-    """cli.Progress to a terminal; to a file or a pipe, whole lines (no \\r), one every PROGRESS_LINE_S
-    seconds and the last one, so that a log reads line by line."""
+    """cli.Progress to a terminal; to a file or a pipe, whole lines (no \\r), one every
+    PROGRESS_LINE_S seconds and the last one, so that a log reads line by line."""
 
     def show(self, message):
         if sys.stderr.isatty():
@@ -205,9 +213,10 @@ def download(session, url, part, expected_size, attempts):
 
 def wrong_size(response, total, expected_size):
     """What a body of the wrong size is, as a phrase: GitHub's pointer text, or just the sizes."""
-    if response.status_code == 200 and total < 1024 and response.raw.read(total).startswith(LFS_POINTER):
-        return (f"the server sent a Git LFS pointer ({total} bytes), not the file: GitHub does not serve "
-                "it now (its owner's LFS quota spent, or the file gone)")
+    small = response.status_code == 200 and total < 1024
+    if small and response.raw.read(total).startswith(LFS_POINTER):
+        return (f"the server sent a Git LFS pointer ({total} bytes), not the file: GitHub does not "
+                "serve it now (its owner's LFS quota spent, or the file gone)")
     return f"server offers {total:,} bytes, expected {expected_size:,}"
 
 
@@ -216,7 +225,8 @@ Expected = collections.namedtuple("Expected", "size sha256 whose")
 
 
 def examine_file(path, expected):
-    """(what is wrong with the file at path as a phrase, or None; its SHA-256, None when its size is wrong)."""
+    """(what is wrong with the file at path as a phrase, or None; its SHA-256, None when its size
+    is wrong)."""
     size = os.path.getsize(path)
     if expected.size is not None and size != expected.size:
         return f"has {size:,} bytes, expected {expected.size:,}", None
@@ -249,9 +259,9 @@ def cache_path(out_dir, url, dataset):
 
 
 def fetch_file(urls, path, expected, attempts, hint, examine=examine_zip):
-    """Make path hold a file that passes the check (examine: a zip's, by default), kept from an earlier run or
-    downloaded from the first of urls that gives one; return its origin: the URL its bytes came from, and
-    their sha256."""
+    """Make path hold a file that passes the check (examine: a zip's, by default), kept from an
+    earlier run or downloaded from the first of urls that gives one; return its origin: the URL its
+    bytes came from, and their sha256."""
     if os.path.exists(path):
         try:
             with open(path + ".origin.json") as f:
@@ -296,8 +306,8 @@ def fetch_file(urls, path, expected, attempts, hint, examine=examine_zip):
 
 
 def writeup_file(name, out_dir, attempts, hint):
-    """(the path in out_dir of the write-ups' file called name, downloaded or kept from an earlier run and
-    checked against its pin; its origin, for meta.json)."""
+    """(the path in out_dir of the write-ups' file called name, downloaded or kept from an earlier
+    run and checked against its pin; its origin, for meta.json)."""
     pinned, path = WRITEUP_FILES[name], os.path.join(out_dir, name)
     expected = Expected(pinned.size, pinned.sha256, f"the pinned sha256 of the write-ups' {name}")
     origin = fetch_file(list(pinned.urls), path, expected, attempts, hint, examine=examine_file)
@@ -305,12 +315,14 @@ def writeup_file(name, out_dir, attempts, hint):
 
 
 def text_lines(f, name):
-    """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r -> \\n), a
-    quarter MB of whole lines read at a time; a byte that is not UTF-8 text (a NUL too) is refused with its offset."""
+    """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r
+    -> \\n), a quarter MB of whole lines read at a time; a byte that is not UTF-8 text (a NUL too)
+    is refused with its offset."""
     offset = 0  # bytes of f before this block
     while lines := f.readlines(2**18):
         block = b"".join(lines)
-        yield from io.StringIO(data.utf8_text(block, offset, name), newline=None)  # splits at a lone \r too
+        text = data.utf8_text(block, offset, name)
+        yield from io.StringIO(text, newline=None)  # splits at a lone \r too
         offset += len(block)
 
 
@@ -319,7 +331,8 @@ def read_documents(lines):
     doc, size = [], 0
     for line in itertools.chain(lines, [None]):  # None: the end, which ends the last document
         # a heading starts a document; past MAX_DOC_CHARS, so does the line after a blank one
-        if doc and (line is None or HEADING.fullmatch(line) or (size >= MAX_DOC_CHARS and doc[-1].isspace())):
+        long_enough = size >= MAX_DOC_CHARS and doc[-1].isspace()
+        if doc and (line is None or HEADING.fullmatch(line) or long_enough):
             text = "".join(doc)
             if text.strip():
                 yield text
@@ -352,14 +365,15 @@ def detokenize(text):
          He had a guest @-@ starring role ( 2000 ) .        He had a guest-starring role (2000).
          The show 's 1 @,@ 000 " best " of 3 @.@ 5 , and    The show's 1,000 "best" of 3.5, and
 
-    Each rule asks for WikiText's pattern, a space on both sides of a mark and at both ends of a line, so
-    ordinary prose and code pass unchanged; text that spaces its own marks that way (French `Attention !`,
-    C's `a ? b : c`) would be changed: leave --detokenize off for it.
+    Each rule asks for WikiText's pattern, a space on both sides of a mark and at both ends of a
+    line, so ordinary prose and code pass unchanged; text that spaces its own marks that way (French
+    `Attention !`, C's `a ? b : c`) would be changed: leave --detokenize off for it.
     """
     text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)  # headings, any level
     text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)  # the space at both ends of a line
-    text = re.sub(r" @([-,.])@ ", r"\1", text)  # inside words and numbers: guest-starring, 1,000, 3.5
-    # each lookbehind comes after its literal, which the regex engine finds quickly: (?<!\S)\( is slow
+    text = re.sub(r" @([-,.])@ ", r"\1", text)  # inside words and numbers: guest-starring, 1,000
+    # each lookbehind comes after its literal, which the regex engine finds quickly: (?<!\S)\( is
+    # slow
     text = re.sub(r'" (?<!\S" )([^"\n]*?) "(?!\S)', r'"\1"', text)  # a pair of double quotes
     text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)  # clitics: it's, don't, they're
     text = re.sub(r" '(?<=s ')(?= )", "'", text)  # plural possessive: the players' union
@@ -368,8 +382,8 @@ def detokenize(text):
 
 
 def text_between(path, start, stop):
-    """Characters start to stop of the text at path as the write-ups read it, with Python's text mode (UTF-8,
-    \\r\\n and \\r become \\n), in blocks of at most PIECE_CHARS characters."""
+    """Characters start to stop of the text at path as the write-ups read it, with Python's text
+    mode (UTF-8, \\r\\n and \\r become \\n), in blocks of at most PIECE_CHARS characters."""
     position = 0  # characters read before this block
     with open(path, encoding="utf-8") as f:
         try:
@@ -377,24 +391,27 @@ def text_between(path, start, stop):
                 yield block[max(start - position, 0):stop - position]
                 position += len(block)
         except UnicodeDecodeError as e:
-            raise cli.UserError(f"{path} is not UTF-8 text ({e.reason}, after {position:,} characters); "
-                                "HINT: convert it to UTF-8 first") from None
+            raise cli.UserError(f"{path} is not UTF-8 text ({e.reason}, after {position:,} "
+                                "characters); HINT: convert it to UTF-8 first") from None
 
 
 def writeup_parts(path):
-    """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups split theirs
-    (datasets/prepare_data.py of yiphei/yif-AI): train is the first int(n * 0.9) of its n characters, val the
-    rest, each tokenized as one string; pieces of them tokenize alike (see pieces)."""
+    """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups
+    split theirs (datasets/prepare_data.py of yiphei/yif-AI): train is the first int(n * 0.9) of its
+    n characters, val the rest, each tokenized as one string; its pieces tokenize alike (pieces)."""
     n = sum(map(len, text_between(path, 0, sys.maxsize)))  # a first pass counts the characters
     cut = int(n * WRITEUP_TRAIN_SHARE)
-    return [("train", pieces(text_between(path, 0, cut))), ("val", pieces(text_between(path, cut, n)))]
+    return [("train", pieces(text_between(path, 0, cut))),
+            ("val", pieces(text_between(path, cut, n)))]
 
 
 def pieces(blocks):
-    """The text of blocks in pieces of about PIECE_CHARS characters, each ending where LAST_CUT says: after a
-    character other than whitespace, before a space or a newline. GPT-2's pre-tokenizer splits there anyway,
-    and what it makes of either side does not depend on the other side (its one lookahead, (?!\\S), looks
-    from whitespace only), so the tokens of the pieces, concatenated, are encode_ordinary's of the whole."""
+    """The text of blocks in pieces of about PIECE_CHARS characters, each ending where LAST_CUT
+    says: after a character other than whitespace, before a space or a newline. GPT-2's
+    pre-tokenizer splits there anyway: none of its matches holds whitespace after anything else,
+    and what it makes of either side does not depend on the other (its lookahead, (?!\\S), and its
+    end of text, $, follow whitespace only, and the left side ends with none), so the tokens of the
+    pieces, concatenated, are encode_ordinary's of the whole text (tested)."""
     text = ""
     for block in blocks:
         text += block
@@ -451,87 +468,94 @@ def zip_source(args, datasets):
 
 
 def command(*flags):
-    """The command line of prepare_wikipedia.py with flags (those None or empty left out), for a HINT."""
+    """prepare_wikipedia.py's command line with flags (those None or empty left out), for a HINT."""
     return " ".join(["python prepare_wikipedia.py", *filter(None, flags)])
 
 
 def zip_flags(args, dataset):
     """The flags that, with --zip, prepare what args ask for into the same --out_dir."""
-    return [args.dataset_given and f"--dataset {args.dataset}", args.sha256 and f"--sha256 {args.sha256}",
+    return [args.dataset_given and f"--dataset {args.dataset}",
+            args.sha256 and f"--sha256 {args.sha256}",
             args.split == "writeup" and "--split=writeup", *token_flags(args),
             args.out_dir != dataset.out_dir and f"--out_dir {args.out_dir}"]
 
 
 def input_flags(args):
-    """The flags that, with --input and the zip's text files, prepare what args ask for: the same split,
-    detokenized or not as args are, into the same --out_dir (always named: --input's default is another)."""
+    """The flags that, with --input and the zip's text files, prepare what args ask for: the same
+    split, detokenized or not as args are, into the same --out_dir (always named: --input's default
+    is another)."""
     writeup = args.split == "writeup"
     detokenize = "--detokenize" if args.detokenize else "--no-detokenize"
-    return [writeup and "--split=writeup", *token_flags(args), args.detokenize != writeup and detokenize,
-            f"--out_dir {args.out_dir}"]
+    return [writeup and "--split=writeup", *token_flags(args),
+            args.detokenize != writeup and detokenize, f"--out_dir {args.out_dir}"]
 
 
 def token_flags(args):
     """--train_tokens and --val_tokens, where args give counts other than the write-ups'."""
-    return [f"--{key} {getattr(args, key)}" for key, default in (("train_tokens", WRITEUP_TOKENS[0]),
-                                                                  ("val_tokens", WRITEUP_TOKENS[1]))
+    counts = {"train_tokens": WRITEUP_TOKENS[0], "val_tokens": WRITEUP_TOKENS[1]}
+    return [f"--{key} {getattr(args, key)}" for key, default in counts.items()
             if getattr(args, key) not in (None, default)]
 
 
 def input_files(args):
-    """The files of the zip that --input takes: with --split=writeup, val follows train in wiki.train.raw."""
+    """The zip's files that --input takes: with --split=writeup, val follows train in
+    wiki.train.raw."""
     return ["wiki.train.raw"] if args.split == "writeup" else ["wiki.train.raw", "wiki.valid.raw"]
 
 
 def writeup_source(args, default_out_dir):
-    """(the paths of the write-ups' files that prepare_wikipedia.py's args ask for: {"train", "val"} for
-    --tokens, else {"text"}; meta.json's source; whether the files are the pinned ones). Their text is
-    downloaded, or given with --input: a copy with another sha256 is used after a warning."""
+    """(the paths of the write-ups' files that prepare_wikipedia.py's args ask for: {"train", "val"}
+    for --tokens, else {"text"}; meta.json's source; whether the files are the pinned ones). Their
+    text is downloaded, or given with --input: another copy is used, with a warning."""
     out_dir = args.out_dir != default_out_dir and f"--out_dir {args.out_dir}"
-    wikitext = (f"`{command('--dataset=wikitext103 --split=writeup', f'--out_dir {args.out_dir}')}` prepares "
-                "WikiText-103 in their regime")
+    wikitext = command("--dataset=wikitext103 --split=writeup", f"--out_dir {args.out_dir}")
+    wikitext = f"`{wikitext}` prepares WikiText-103 in their regime"
     source = {"dataset": "writeup", "commit": WRITEUP_COMMIT}
     if args.tokens:
         hint = f"`{command(out_dir)}` tokenizes their text instead, or {wikitext}"
         paths = {}
         for split in ("train", "val"):
-            paths[split], source[f"wikipedia_{split}.bin"] = writeup_file(f"wikipedia_{split}.bin", args.out_dir,
-                                                                          args.retries, hint)
+            name = f"wikipedia_{split}.bin"
+            paths[split], source[name] = writeup_file(name, args.out_dir, args.retries, hint)
         return paths, source, True
     if args.input:
         path, origin = args.input[0], {"sha256": data.sha256_of(args.input[0])}
         with open(path, "rb") as f:
             if f.read(len(LFS_POINTER)) == LFS_POINTER:
-                raise cli.UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in your "
-                                    "clone of yiphei/yif-AI, or drop --input to download the text")
+                raise cli.UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs "
+                                    "pull` in your clone of yiphei/yif-AI, or drop --input to "
+                                    "download the text")
     else:
         hint = f"`{command('--tokens', out_dir)}` fetches their token files instead, or {wikitext}"
         path, origin = writeup_file("wikipedia.txt", args.out_dir, args.retries, hint)
     pinned = origin["sha256"] == WRITEUP_FILES["wikipedia.txt"].sha256
     if not pinned:
-        print(f"warning: {path} is not the write-ups' wikipedia.txt (sha256 {origin['sha256']}): it is tokenized "
-              "their way, but its tokens will not be theirs, and are not compared with theirs", file=sys.stderr)
-    theirs = {name: WRITEUP_FILES[name].sha256 for name in ("wikipedia_train.bin", "wikipedia_val.bin")}
+        print(f"warning: {path} is not the write-ups' wikipedia.txt (sha256 {origin['sha256']}): "
+              "it is tokenized their way, but its tokens will not be theirs, and are not compared "
+              "with theirs", file=sys.stderr)
+    theirs = {name: WRITEUP_FILES[name].sha256
+              for name in ("wikipedia_train.bin", "wikipedia_val.bin")}
     source.update({"text": path, **origin, "token_files_sha256": theirs if pinned else None})
     return {"text": path}, source, pinned
 
 
 def copy_token_files(paths, temps):
-    """Copy the token files paths["train"] and paths["val"] to temps["train.bin"] and temps["val.bin"]; return
-    their stats for meta.json."""
+    """Copy the token files paths["train"] and paths["val"] to temps["train.bin"] and
+    temps["val.bin"]; return their stats for meta.json."""
     splits = {}
     for split, path in paths.items():
-        with cli.writing(temps[f"{split}.bin"]):
-            shutil.copyfile(path, temps[f"{split}.bin"])
-        tokens = np.memmap(temps[f"{split}.bin"], dtype=np.uint16, mode="r")
+        temp = temps[f"{split}.bin"]
+        with cli.writing(temp):
+            shutil.copyfile(path, temp)
+        tokens = np.memmap(temp, dtype=np.uint16, mode="r")
         splits[split] = {"tokens": len(tokens), "max_token_id": int(tokens.max()),
-                         "sha256": data.sha256_of(temps[f"{split}.bin"])}
+                         "sha256": data.sha256_of(temp)}
     return splits
 
 
 def check_readable(paths):
-    """Refuse a --input or --val file that is missing or cannot be read, now rather than as a write error
-    of the .bin that reads it later."""
+    """Refuse a --input or --val file that is missing or cannot be read: now, rather than as a
+    write error of the .bin that reads it later."""
     for path in paths:
         if not os.path.isfile(path):
             raise cli.UserError(f"input file not found (or not a file): {path}; "
@@ -539,18 +563,19 @@ def check_readable(paths):
         try:
             open(path, "rb").close()
         except OSError as e:
-            raise cli.UserError(f"cannot read {path}: {e.strerror.lower()}; HINT: check its permissions, "
-                                "or leave it out")
+            raise cli.UserError(f"cannot read {path}: {e.strerror.lower()}; HINT: check its "
+                                "permissions, or leave it out")
 
 
 def check_identical(sha256s, outcome):
-    """Refuse tokens whose sha256s ({"train": ..., "val": ...}) are not those of the write-ups' own token
-    files; outcome: what the refusal leaves, for its message."""
+    """Refuse tokens whose sha256s ({"train": ..., "val": ...}) are not those of the write-ups' own
+    token files; outcome: what the refusal leaves, for its message."""
     for split, ours in sha256s.items():
         theirs = WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256
         if ours != theirs:
-            raise cli.UserError(f"{split}.bin differs from the write-ups' wikipedia_{split}.bin: sha256 {ours}, "
-                                f"theirs {theirs}; {outcome}; HINT: --tokens fetches their token files directly")
+            raise cli.UserError(f"{split}.bin differs from the write-ups' wikipedia_{split}.bin: "
+                                f"sha256 {ours}, theirs {theirs}; {outcome}; HINT: --tokens "
+                                "fetches their token files directly")
 
 
 def given_zip_sha256(path, expected, datasets):
