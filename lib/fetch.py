@@ -40,6 +40,8 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)  # answers worth another attempt; ano
 BACKOFF_S = 1.0  # urllib3 waits 0, 2, 4, 8 ... s between attempts, or what the server's Retry-After asks
 
 
+# --------------------------------------------------------------------------- what is fetched
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """A published WikiText zip: where it is served and what its bytes must be."""
@@ -101,6 +103,8 @@ LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 PROGRESS_LINE_S = 10  # to a file or a pipe, a progress line every this many seconds
 
+
+# --------------------------------------------------------------------------- downloads
 
 class Progress(cli.Progress):
     """cli.Progress to a terminal; to a file or a pipe, whole lines (no \\r), one every
@@ -314,6 +318,8 @@ def writeup_file(name, out_dir, attempts, hint):
     return path, {**origin, "urls": list(pinned.urls)}
 
 
+# ------------------------------------------------------------ the text of the sources
+
 def text_lines(f, name):
     """Lines of the binary file f decoded as UTF-8, newlines as text mode reads them (\\r\\n, \\r
     -> \\n), a quarter MB of whole lines read at a time; a byte that is not UTF-8 text (a NUL too)
@@ -421,6 +427,8 @@ def pieces(blocks):
     if text:
         yield text
 
+
+# -------------------------------------------------- what prepare_wikipedia.py's settings name
 
 def check_tokenizer():
     """Load tiktoken's GPT-2 BPE files, which it downloads on first use; without them, one line on working offline.
