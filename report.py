@@ -5,11 +5,14 @@ Compares training runs in a table like the write-ups', from each out_dir/log.jso
     python report.py out-* --plot losses.png     # loss curves too (needs matplotlib)
 
 Train and val loss are the last eval-mode estimates; "aux" is the last logged auxiliary
-loss (unscaled); wall time adds up the time of every launch of the run. A run that trains
-the model of one of the write-ups' configs (config/<name>.py) gets a second line with the
-write-up's published numbers for that config. Evaluations made with --eval_only are not the
-run's: a note lists them under the table. --plot draws the loss curves, and for future
-attention the loss of every layer (the write-up's "L different objectives").
+loss (unscaled); wall time adds up the time of every launch of the run; data is the run's
+data_dir. A run that trains the model of one of the write-ups' configs (config/<name>.py) gets a
+second line with the write-up's published numbers for that config, and whether the run's data
+was theirs: "same data as the write-up" when the train and val sha256 the run recorded are those
+of the write-ups' token files (prepare_wikipedia.py's default), else which data it was.
+Evaluations made with --eval_only are not the run's: a note lists them under the table. --plot
+draws the loss curves, and for future attention the loss of every layer (the write-up's "L
+different objectives").
 """
 
 import argparse
@@ -151,6 +154,7 @@ def summarize(out_dir):
         "best val": loss_text(min(finite)) if (finite := [r["val_loss"] for r in evals if r["val_loss"] is not None]) else "-",
         "aux loss": format_aux(aux),
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
+        "data": start.get("data", {}).get("data_dir", "-"),
     }
     notes = [f"{run}: evaluated with --eval_only (not the run's numbers) at iter {r['iter']} on {r['data_dir']}, "
              f"{r['eval_iters']} batches: train loss {r['train_loss']:.3f}, val loss {r['val_loss']:.3f}"
@@ -168,11 +172,38 @@ def summarize(out_dir):
     tokens = original["max_iters"] * original["gradient_accumulation_steps"] * original["batch_size"] * original["block_size"]
     writeup_row.update({"run": f"  write-up: {name}", "params": f"{published['params']:,}",
                         "iters": str(original["max_iters"]), "tokens": f"{tokens:,}", "train loss": f"{published['train']:.3f}",
-                        "val loss": f"{published['val']:.3f}", "aux loss": published_aux})
+                        "val loss": f"{published['val']:.3f}", "aux loss": published_aux,
+                        "data": same_data(start.get("data"))})
     if budget_differs:
         notes.append(f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(
             f"{key} {ours} (write-up {theirs})" for key, (ours, theirs) in budget_differs.items()))
     return row, writeup_row, notes
+
+
+def same_data(identity):
+    """The write-up line's word on a run's data (identity: the data_dir and the train and val sha256
+    its start record holds): the write-ups' own when the hashes are those of their token files."""
+    from lib import fetch  # their pins; imported only for a run of a write-up config
+    if not identity:
+        return "data not recorded"
+    theirs = [fetch.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256 for split in ("train", "val")]
+    if [identity["train_sha256"], identity["val_sha256"]] == theirs:
+        return "same data as the write-up"
+    return f"not the write-up's data: {describe(identity)}"
+
+
+def describe(identity):
+    """The data of identity by the dataset its meta.json names, when that meta.json still describes
+    the files the run read; else by its folder."""
+    try:
+        with open(os.path.join(identity["data_dir"], "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        meta = {}
+    same = [meta.get(split, {}).get("sha256") for split in ("train", "val")] == [
+        identity["train_sha256"], identity["val_sha256"]]
+    dataset = same and meta.get("dataset")
+    return f"{dataset} in {identity['data_dir']}" if dataset else identity["data_dir"]
 
 
 def print_table(rows):
