@@ -107,7 +107,7 @@ def parse_args(argv):
     parser = Parser(
         description="Train configs × seeds with train.py; tabulate mean ± std over the seeds.",
         epilog="Any other --key=value goes to train.py for every run, "
-               "e.g. --max_iters=300 --data_dir=data/writeup.",
+               "e.g. --max_iters=300 --data_dir=data/wikipedia.",
         allow_abbrev=False,
     )
     parser.add_argument("configs", nargs="*", metavar="CONFIG",
