@@ -12,6 +12,7 @@ warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-b
     python bench.py config/baseline.py --profile                   # where a step's time goes, by kind
     python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation, same tokens
     python bench.py --prepare                                       # prepare_wikipedia.py's speed and memory
+    python bench.py --prepare --writeup                             # the same, the write-ups' text
     python bench.py --causal=my_model.py:build                      # check_causal.py --model, timed per model
 
 --compare runs all configs in one process, one step of each in turn, and prints each one's
@@ -461,46 +462,54 @@ def run_prepare(argv):
     return json.loads(child.stdout.splitlines()[-1])
 
 
-def tiktoken_seconds(batches, num_threads, arrays=False):
-    """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an <|endoftext|>
-    counted per document; each batch's tokens are dropped as the next is encoded, as prepare drops them.
-    arrays: the encoder prepare uses instead, encode_to_numpy mapped over each batch on a pool of as many threads."""
+def tiktoken_seconds(batches, num_threads, arrays=False, end_of_text=True):
+    """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an
+    <|endoftext|> counted per document if end_of_text; each batch's tokens are dropped as the next
+    is encoded, as prepare drops them. arrays: the encoder prepare uses instead, encode_to_numpy
+    mapped over each batch on a pool of as many threads."""
     import concurrent.futures, functools, tiktoken  # noqa: E401 (this mode's own)
     encoding = tiktoken.get_encoding("gpt2")
     encode = functools.partial(encoding.encode_to_numpy, disallowed_special=())
-    t0, tokens = time.perf_counter(), 0
+    t0, tokens, ends = time.perf_counter(), 0, int(end_of_text)
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
         for batch in batches:
             if arrays:
-                tokens += sum(len(ids) + 1 for ids in pool.map(encode, batch))
+                tokens += sum(len(ids) + ends for ids in pool.map(encode, batch))
             else:
-                tokens += sum(len(ids) + 1 for ids in encoding.encode_ordinary_batch(batch, num_threads=num_threads))
+                encoded = encoding.encode_ordinary_batch(batch, num_threads=num_threads)
+                tokens += sum(len(ids) + ends for ids in encoded)
     return time.perf_counter() - t0, tokens
 
 
 def bench_prepare(argv):
-    """python bench.py --prepare [--mb 50] [--num_proc N] [--rounds 5] [--memory_at 4]: prepare_wikipedia.py
-    on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it, run in a child process. Its
-    tokens per second are set beside tiktoken's own encode_ordinary_batch on the same documents, in the
-    same batches, with the same threads, timed before and after each of --rounds runs of prepare: the
-    ratio to their mean holds on a busy machine where the speeds wander. It is set beside prepare's own
-    encoder (encode_to_numpy on a thread pool) too, timed just after. Its peak memory (RSS) is measured
-    on that corpus and on one --memory_at times larger."""
+    """python bench.py --prepare [--writeup] [--mb 50] [--threads N] [--rounds 5] [--memory_at 4]:
+    prepare_wikipedia.py on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it,
+    run in a child process; with --writeup, the write-ups' text path instead (--dataset=writeup
+    --input: their 90/10 split of one text, in pieces, no <|endoftext|>). Its tokens per second are
+    set beside tiktoken's own encode_ordinary_batch on the same documents (or pieces), in the same
+    batches, with the same threads, timed before and after each of --rounds runs of prepare: the
+    ratio to their mean holds on a busy machine where the speeds wander. It is set beside prepare's
+    own encoder (encode_to_numpy on a thread pool) too, timed just after. Its peak memory (RSS) is
+    measured on that corpus and on one --memory_at times larger."""
     import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
     import prepare_wikipedia
     from lib import fetch  # this mode's own
     parser = argparse.ArgumentParser(prog="bench.py --prepare")
     parser.add_argument("--mb", type=float, default=50, help="the corpus, in millions of characters")
-    parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
+    parser.add_argument("--writeup", action="store_true", help="the write-ups' text path")
+    parser.add_argument("--threads", "--num_proc", type=int, default=os.cpu_count(),
+                        help="tokenizer threads")
     parser.add_argument("--rounds", type=int, default=5, help="runs of prepare, each between two of tiktoken")
     parser.add_argument("--memory_at", default="4", help="larger corpora whose peak memory is measured, in --mb")
     args = parser.parse_args(argv)
-    print(f"prepare_wikipedia.py, {args.num_proc} tokenizer threads; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs")
+    path = "the write-ups' text path" if args.writeup else "documents"
+    print(f"prepare_wikipedia.py ({path}), {args.threads} tokenizer threads; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     folder = tempfile.mkdtemp(prefix="bench_prepare_")
     val, corpus = os.path.join(folder, "val.txt"), os.path.join(folder, "train.txt")
-    prepare_argv = ["--input", corpus, "--val", val, "--out_dir", os.path.join(folder, "out"),
-                    "--num_proc", str(args.num_proc)]
+    out = ["--out_dir", os.path.join(folder, "out"), "--threads", str(args.threads)]
+    prepare_argv = (["--dataset=writeup", "--input", corpus, *out] if args.writeup
+                    else ["--input", corpus, "--val", val, *out])
 
     def report_memory(runs, scale):
         peak, imports = max(run["peak"] for run in runs), max(run["imports"] for run in runs)
@@ -510,19 +519,25 @@ def bench_prepare(argv):
     try:
         write_corpus(val, args.mb * 1e6 / 50, seed=1)
         write_corpus(corpus, args.mb * 1e6)
-        batches = []  # the documents in batches of about READ_AHEAD_CHARS characters, as many as prepare has in flight
-        for path in (corpus, val):
+        # the documents (or the write-ups' pieces) in batches of about READ_AHEAD_CHARS characters,
+        # as many as prepare has in flight
+        parts = ([pieces for _, pieces in fetch.writeup_parts(corpus)] if args.writeup
+                 else [fetch.file_documents([path]) for path in (corpus, val)])
+        batches = []
+        for texts in parts:
             batches.append([])
-            for doc in fetch.file_documents([path]):
+            for text in texts:
                 if sum(map(len, batches[-1])) >= prepare_wikipedia.READ_AHEAD_CHARS:
                     batches.append([])
-                batches[-1].append(doc)
-        before, tokens = tiktoken_seconds(batches, args.num_proc)
+                batches[-1].append(text)
+        ends = not args.writeup  # an <|endoftext|> per document; none in the write-ups' text
+        before, tokens = tiktoken_seconds(batches, args.threads, end_of_text=ends)
         runs, ratios, of_encoder = [], [], []
         for _ in range(args.rounds):  # tiktoken, prepare, tiktoken, prepare, ..., tiktoken
             runs.append(run_prepare(prepare_argv))
-            after, _ = tiktoken_seconds(batches, args.num_proc)
-            encoder, encoder_tokens = tiktoken_seconds(batches, args.num_proc, arrays=True)
+            after, _ = tiktoken_seconds(batches, args.threads, end_of_text=ends)
+            encoder, encoder_tokens = tiktoken_seconds(batches, args.threads, arrays=True,
+                                                       end_of_text=ends)
             assert runs[-1]["tokens"] == tokens == encoder_tokens, "prepare and tiktoken tokenized different text"
             tiktoken_s = (before + after) / 2  # tiktoken's time around prepare's: a load that drifts cancels out
             ratios.append(tiktoken_s / runs[-1]["seconds"])
