@@ -1354,10 +1354,11 @@ def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys, path):
     # one round on a small corpus: bench_prepare itself checks that prepare and tiktoken made the
     # same tokens (on the write-ups' path, tiktoken's batch API gets the pieces prepare cuts)
     writeup = ["--writeup"] if path != "documents" else []
-    assert bench.main(["--prepare", *writeup, "--mb", "0.3", "--rounds", "1", "--memory_at", ""]) == 0
+    argv = ["--prepare", *writeup, "--mb", "0.3", "--rounds", "1", "--memory_at", ""]
+    assert bench.main(argv) == 0
     printed = capsys.readouterr().out
-    assert re.search(rf"prepare_wikipedia.py \({path}\), \d+ tokenizer threads; load average [\d.]+ on "
-                     r"\d+ CPUs", printed)
+    assert re.search(rf"prepare_wikipedia.py \({path}\), \d+ tokenizer threads; load average "
+                     r"[\d.]+ on \d+ CPUs", printed)
     assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+; prepare's "
                      r"encoder alone [\d.]+M tokens/s, prepare keeps [\d.]+ of it\n", printed)
     assert re.search(r"ratio, median of 1: ([\d.]+) \(goal: 0.85 or more; from \1 to \1\); of prepare's own "
