@@ -210,6 +210,9 @@ def download(session, url, part, expected_size, attempts):
                         progress.show(f"{host}: {done / 1e6:.1f} MB{percent}, {mb_s:.1f} MB/s")
         if total is None or done == total:
             return response.url
+        if start == 0 and done < 1024 and starts_with_lfs_pointer(part):  # sent without its size
+            os.remove(part)  # not bytes to resume from
+            raise DownloadError(lfs_pointer_problem(done))
         problem = f"connection closed after {done:,} of {total:,} bytes"
         print(f"{host}: {problem}; resuming", file=sys.stderr)
     raise DownloadError(f"gave up after {attempts} attempts: {problem}")
@@ -219,9 +222,19 @@ def wrong_size(response, total, expected_size):
     """What a body of the wrong size is, as a phrase: GitHub's pointer text, or just the sizes."""
     small = response.status_code == 200 and total < 1024
     if small and response.raw.read(total).startswith(LFS_POINTER):
-        return (f"the server sent a Git LFS pointer ({total} bytes), not the file: GitHub does not "
-                "serve it now (its owner's LFS quota spent, or the file gone)")
+        return lfs_pointer_problem(total)
     return f"server offers {total:,} bytes, expected {expected_size:,}"
+
+
+def lfs_pointer_problem(size):
+    return (f"the server sent a Git LFS pointer ({size} bytes), not the file: GitHub does not "
+            "serve it now (its owner's LFS quota spent, or the file gone)")
+
+
+def starts_with_lfs_pointer(path):
+    """Does the file at path start as a Git LFS pointer text does?"""
+    with open(path, "rb") as f:
+        return f.read(len(LFS_POINTER)) == LFS_POINTER
 
 
 # what a zip must be (None: not checked); whose: where the sha256 comes from, for messages
@@ -528,11 +541,9 @@ def writeup_source(args, default_out_dir):
         return paths, source, True
     if args.input:
         path, origin = args.input[0], {"sha256": data.sha256_of(args.input[0])}
-        with open(path, "rb") as f:
-            if f.read(len(LFS_POINTER)) == LFS_POINTER:
-                raise cli.UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs "
-                                    "pull` in your clone of yiphei/yif-AI, or drop --input to "
-                                    "download the text")
+        if starts_with_lfs_pointer(path):
+            raise cli.UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs pull` "
+                                "in your clone of yiphei/yif-AI, or drop --input to download it")
     else:
         hint = f"`{command('--tokens', out_dir)}` fetches their token files instead, or {wikitext}"
         path, origin = writeup_file("wikipedia.txt", args.out_dir, args.retries, hint)
