@@ -97,7 +97,8 @@ WRITEUP_TOKENS = (38_276_830, 4_341_780)  # in the two .bin files: the write-ups
 WRITEUP_TRAIN_SHARE = 0.9  # their train: the first 90% of their text's characters
 PIECE_CHARS = 1 << 16  # their text goes to the tokenizer in pieces of about this many characters
 # the last place in a text where a piece may end: after a character other than whitespace, before
-# a space or a newline (Python's \S is not str.isspace(), true of every character tiktoken's \s is)
+# a space or a newline; Python's \S refuses every character str.isspace() accepts, which are all
+# those tiktoken's \s matches (Unicode's White_Space) and a few more
 LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
 # what GitHub sends for a Git LFS file it does not serve (the owner's quota spent, the file gone)
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
@@ -126,7 +127,8 @@ class Progress(cli.Progress):
 
 
 class DownloadError(cli.UserError):
-    """A zip that cannot be had or is not the one expected; cli.main prints its message and exits with 1."""
+    """A file that cannot be had or is not the one expected; cli.main prints its message and exits
+    with 1."""
 
 
 def request_problem(error, host):
