@@ -11,8 +11,11 @@ URLs, bad zips, sha256 checks and pins, caches reused only for their own source,
 are not retried), the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM,
 a signal while tokenizing) or a failed write (a full disk, a read-only folder) leaves no output under
 the final names and an earlier set as it was, the lock on the data folder (a second preparation, a
-run that reads it), the warning about a val split too small to estimate a loss on, and bench.py's
---prepare mode.
+run that reads it), the warning about a val split too small to estimate a loss on, bench.py's
+--prepare mode, and the write-ups' own data: the cut of their text into pieces (against every short
+string and 3 MB of adversarial text, their own five lines the reference), their text and token
+files downloaded, what GitHub answers when it does not serve them, a copy given with --input, and
+hints that keep the failed run's settings.
 
     python -m pytest test_prepare_wikipedia.py
 
