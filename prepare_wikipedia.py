@@ -3,7 +3,7 @@ Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nan
 
     python prepare_wikipedia.py                       # the write-ups' text (179 MB), tokenized
     python prepare_wikipedia.py --tokens              # their token files (85 MB), no tokenizer
-    python prepare_wikipedia.py --input wikipedia.txt                 # their text, saved by hand
+    python prepare_wikipedia.py --dataset=writeup --input wikipedia.txt  # their text, saved by hand
     python prepare_wikipedia.py --dataset wikitext2   # WikiText-2 raw (4.7 MB), a first CPU run
     python prepare_wikipedia.py --dataset wikitext103 --split=writeup  # WikiText-103, their regime
     python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip         # a zip saved by hand

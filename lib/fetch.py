@@ -534,8 +534,10 @@ def writeup_source(args, default_out_dir):
     wikitext = command("--dataset=wikitext103 --split=writeup", f"--out_dir {args.out_dir}")
     wikitext = f"`{wikitext}` prepares WikiText-103 in their regime"
     source = {"dataset": "writeup", "commit": WRITEUP_COMMIT}
-    if args.tokens:
-        hint = f"`{command(out_dir)}` tokenizes their text instead, or {wikitext}"
+    if args.tokens:  # offline, the text's download would fail too: by hand, then
+        by_hand = command("--dataset=writeup --input wikipedia.txt", out_dir)
+        hint = (f"download {WRITEUP_FILES['wikipedia.txt'].urls[0]} by hand and run `{by_hand}`, "
+                f"or {wikitext}")
         paths = {}
         for split in ("train", "val"):
             name = f"wikipedia_{split}.bin"

@@ -1595,7 +1595,13 @@ def test_a_failed_download_into_a_folder_of_the_users_keeps_the_folder(tmp_path,
     out = tmp_path / "mine"
     out.mkdir()
     message = exit_message(["--tokens", "--out_dir", str(out)])
-    assert f"HINT: `python prepare_wikipedia.py --out_dir {out}` tokenizes their text" in message
+    # not back to a download of their text, which would fail too offline: by hand, or WikiText-103
+    text_url = fetch.WRITEUP_FILES["wikipedia.txt"].urls[0]
+    assert message.endswith(
+        f"HINT: download {text_url} by hand and run `python prepare_wikipedia.py --dataset=writeup "
+        f"--input wikipedia.txt --out_dir {out}`, or `python prepare_wikipedia.py "
+        f"--dataset=wikitext103 --split=writeup --out_dir {out}` prepares WikiText-103 in their "
+        "regime")
     assert out.is_dir() and os.listdir(out) == []  # the user's folder stays, without the lock
 
 
