@@ -39,13 +39,16 @@ from lib import cli, data, fetch
 
 WRITEUP = "writeup"  # the default --dataset: the write-ups' text and split (pinned in lib/fetch.py)
 WRITEUP_OUT_DIR = data.DEFAULT_DATA_DIR  # where train.py looks by default; --input's default too
-READ_AHEAD_CHARS = 1_000_000  # characters read ahead of the tokens written: all memory holds, whatever the text
+# The characters read ahead of the tokens written: all that memory holds, whatever the text.
+READ_AHEAD_CHARS = 1_000_000
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a complete set
-NOTHING_REPLACED = "no output written under the final names"  # what an interrupted or failed run leaves
+# What an interrupted or failed run leaves.
+NOTHING_REPLACED = "no output written under the final names"
 # the write-ups' training text and their val text, which followed it, in GPT-2 tokens
 WRITEUP_TRAIN_TOKENS, WRITEUP_VAL_TOKENS = fetch.WRITEUP_TOKENS
 WRITEUP_RUN_TOKENS = 1_440_000_000  # config/future50_mse.py: 9,000 steps of 50 x 16 x 200 tokens
-# train.py estimates the val loss on random windows of val.bin: fewer tokens overlap, fewer documents are few topics
+# train.py estimates the val loss on random windows of val.bin: with fewer tokens the windows
+# overlap, and fewer documents are few topics.
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
@@ -64,8 +67,8 @@ def cap_chars(docs, max_chars):
 # --------------------------------------------------------------------------- tokenize and write
 
 def groups(docs, detokenize_first, group_chars):
-    """The documents (detokenized if asked) in lists of about group_chars characters: one task of a tokenizer
-    thread each, for fewer hand-overs between threads than a task per document."""
+    """The documents (detokenized if asked) in lists of about group_chars characters: one task of
+    a tokenizer thread each, for fewer hand-overs between threads than a task per document."""
     group, size = [], 0
     for doc in docs:
         group.append(fetch.detokenize(doc) if detokenize_first else doc)
@@ -94,8 +97,10 @@ def encoded_documents(docs, num_threads, detokenize_first, end_of_text=True):
 
     in_flight, chars = collections.deque(), 0  # (texts, their tokens to come), oldest first
     pool = concurrent.futures.ThreadPoolExecutor(num_threads)
-    try:  # 4 groups a thread in flight: each thread has the next at hand while this one writes
-        for texts in itertools.chain(groups(docs, detokenize_first, READ_AHEAD_CHARS // (4 * num_threads)), [None]):
+    # 4 groups a thread in flight: each thread has the next at hand while this one writes.
+    group_chars = READ_AHEAD_CHARS // (4 * num_threads)
+    try:
+        for texts in itertools.chain(groups(docs, detokenize_first, group_chars), [None]):
             if texts is not None:  # None: the end, which empties in_flight
                 in_flight.append((texts, pool.submit(encode, texts)))
                 chars += sum(map(len, texts))
@@ -109,16 +114,18 @@ def encoded_documents(docs, num_threads, detokenize_first, end_of_text=True):
 
 
 def write_split(encoded, path, name, tokens_asked=None):
-    """Stream encoded documents into path; return (stats, left over). With tokens_asked it stops at the document
-    boundary nearest that count (at least one document): a document that would overshoot by more than stopping
-    before it undershoots is left over, returned unwritten."""
-    stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0, "max_token_id": 0}
+    """Stream encoded documents into path; return (stats, left over). With tokens_asked it stops at
+    the document boundary nearest that count (at least one document): a document that would
+    overshoot by more than stopping before it undershoots is left over, returned unwritten."""
+    stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0,
+             "max_token_id": 0}
     left_over = []
     with cli.writing(path, after_failure=NOTHING_REPLACED):
         with open(path, "wb") as f, fetch.Progress() as progress:
             for tokens, n_chars, n_bytes in encoded:
                 if tokens_asked and stats["documents"]:
-                    undershoot = tokens_asked - stats["tokens"]  # > 0: the loop stops once the count is reached
+                    # undershoot > 0, since the loop stops once the count is reached
+                    undershoot = tokens_asked - stats["tokens"]
                     if stats["tokens"] + len(tokens) - tokens_asked > undershoot:
                         left_over.append((tokens, n_chars, n_bytes))
                         break
@@ -126,8 +133,10 @@ def write_split(encoded, path, name, tokens_asked=None):
                 stats.update(tokens=stats["tokens"] + len(tokens), documents=stats["documents"] + 1,
                              chars=stats["chars"] + n_chars, bytes=stats["bytes"] + n_bytes,
                              max_token_id=max(stats["max_token_id"], int(tokens.max())))
-                mb, of_asked = stats["bytes"] / 1e6, f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
-                progress.show(f"{name}: {mb:.1f} MB of text, {stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
+                mb = stats["bytes"] / 1e6
+                of_asked = f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
+                progress.show(f"{name}: {mb:.1f} MB of text, "
+                              f"{stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
                               f"{mb / max(time.time() - progress.t0, 1e-9):.1f} MB/s")
                 if tokens_asked and stats["tokens"] >= tokens_asked:
                     break
@@ -135,22 +144,29 @@ def write_split(encoded, path, name, tokens_asked=None):
     return stats, left_over
 
 
-def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first, train_tokens, val_tokens):
+def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first,
+                 train_tokens, val_tokens):
     """Tokenize and write both splits; val_docs None means val is the text that follows train."""
     train_encoded = encoded_documents(train_docs, num_threads, detokenize_first)
     train, left_over = write_split(train_encoded, temps["train.bin"], "train", train_tokens)
     if train["documents"] == 0:
         raise cli.UserError("the train split has no text; HINT: give more text")
-    val_encoded = (itertools.chain(left_over, train_encoded) if val_docs is None  # the same read goes on
-                   else encoded_documents(val_docs, num_threads, detokenize_first))
+    if val_docs is None:  # the same read goes on
+        val_encoded = itertools.chain(left_over, train_encoded)
+    else:
+        val_encoded = encoded_documents(val_docs, num_threads, detokenize_first)
     val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", val_tokens)
     if val_docs is None and val["documents"] == 0:
-        raise cli.UserError(f"the text ran out: train took {train['tokens']:,} tokens ({train_tokens:,} asked) and "
-                            "left nothing for val; HINT: give more text, or lower --train_tokens")
+        raise cli.UserError(f"the text ran out: train took {train['tokens']:,} tokens "
+                            f"({train_tokens:,} asked) and left nothing for val; "
+                            "HINT: give more text, or lower --train_tokens")
     if val["documents"] == 0:
-        raise cli.UserError("the val split has no text; HINT: give more text, or name val files with --val")
-    if val_docs is None and val["tokens"] < val_tokens and not val_left_over:  # short, and nothing read past it
-        print(f"warning: the text ran out: val has {val['tokens']:,} of the {val_tokens:,} tokens asked "
+        raise cli.UserError("the val split has no text; "
+                            "HINT: give more text, or name val files with --val")
+    # Val came out short, and nothing was read past it.
+    if val_docs is None and val["tokens"] < val_tokens and not val_left_over:
+        print(f"warning: the text ran out: val has {val['tokens']:,} "
+              f"of the {val_tokens:,} tokens asked "
               f"(train has {train['tokens']:,} of {train_tokens:,})", file=sys.stderr)
     return {"train": train, "val": val}
 
@@ -182,18 +198,23 @@ def prepare(write_into, args, source, t0):
     try:
         splits = write_into(temps)
         passes = WRITEUP_RUN_TOKENS / splits["train"]["tokens"]
+        now = datetime.datetime.now(datetime.timezone.utc)
         meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
                 "dataset": args.dataset, "split": args.split, "detokenize": args.detokenize,
                 "source": source, "max_chars": args.max_chars,
                 "passes_in_1.44B_tokens": round(passes, 2), **splits,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        with cli.writing(temps["meta.json"], after_failure=NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
+                "created": now.isoformat(timespec="seconds")}
+        with (cli.writing(temps["meta.json"], after_failure=NOTHING_REPLACED),
+              open(temps["meta.json"], "w") as f):
             json.dump(meta, f, indent=2)
-        # meta.json goes first and comes back last, so its presence marks a complete set: a failure up
-        # to here leaves an earlier set whole, one between the renames leaves a set without meta.json
-        with cli.writing(finals["meta.json"], after_failure=NOTHING_REPLACED), contextlib.suppress(FileNotFoundError):
+        # meta.json goes first and comes back last, so its presence marks a complete set: a failure
+        # up to here leaves an earlier set whole, one between the renames leaves a set without
+        # meta.json.
+        with (cli.writing(finals["meta.json"], after_failure=NOTHING_REPLACED),
+              contextlib.suppress(FileNotFoundError)):
             os.remove(finals["meta.json"])
-        incomplete = f"{args.out_dir} is left without meta.json, an incomplete set that the next run redoes"
+        incomplete = (f"{args.out_dir} is left without meta.json, "
+                      "an incomplete set that the next run redoes")
         for name in OUTPUTS:
             with cli.writing(finals[name], after_failure=incomplete):
                 os.replace(temps[name], finals[name])
@@ -228,27 +249,32 @@ def check_settings(args):
         raise cli.UserError("--tokens fetches the write-ups' token files: --dataset=writeup only")
     args.split = args.split or "wikitext"
     writeup = args.split == "writeup"
-    both = {os.path.realpath(p) for p in args.input or []} & {os.path.realpath(p) for p in args.val or []}
+    input_files = {os.path.realpath(p) for p in args.input or []}
+    both = input_files & {os.path.realpath(p) for p in args.val or []}
     if both:
-        raise cli.UserError(f"{min(both)} is given to both --input and --val; HINT: name each file once, "
+        raise cli.UserError(f"{min(both)} is given to both --input and --val; "
+                            "HINT: name each file once, "
                             "the training text with --input, the val text with --val")
     for flag in ("val", "max_chars", "val_fraction"):
         if writeup and getattr(args, flag) is not None:
-            raise cli.UserError(f"--{flag} does not apply to --split=writeup, which takes val from the text "
-                                "that follows train; HINT: size the splits with --train_tokens and --val_tokens")
+            raise cli.UserError(f"--{flag} does not apply to --split=writeup, which takes val "
+                                "from the text that follows train; "
+                                "HINT: size the splits with --train_tokens and --val_tokens")
     if not writeup and (args.train_tokens is not None or args.val_tokens is not None):
         raise cli.UserError("--train_tokens and --val_tokens need --split=writeup")
     check_counts(args, ("train_tokens", "val_tokens", "max_chars", "threads", "retries"))
     zip_flags = [flag for flag in ("dataset", "zip", "url", "sha256") if getattr(args, flag)]
     if args.input and zip_flags:
-        raise cli.UserError(f"--{zip_flags[0]} names a zip to read, and --input names text files instead; "
-                            "HINT: give one of them")
+        raise cli.UserError(f"--{zip_flags[0]} names a zip to read, "
+                            "and --input names text files instead; HINT: give one of them")
     if args.zip and args.url:
-        raise cli.UserError("--zip names a zip on disk, --url one to download; HINT: give one of them")
+        raise cli.UserError("--zip names a zip on disk, --url one to download; "
+                            "HINT: give one of them")
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256):
         raise cli.UserError(f"--sha256 must be 64 hexadecimal digits, got {args.sha256!r}")
     if args.sha256 is not None and not (args.url or args.zip):
-        raise cli.UserError("--sha256 pins the zip of a --url or a --zip; the datasets' own downloads are checked "
+        raise cli.UserError("--sha256 pins the zip of a --url or a --zip; "
+                            "the datasets' own downloads are checked "
                             "against their published sha256 already; HINT: drop --sha256")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         raise cli.UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
@@ -290,7 +316,8 @@ def check_counts(args, flags):
 
 
 def named_val_files(paths, val_paths):
-    """The --val files, else an --input file named exactly wiki.valid.raw (not invalid.txt); [] if neither."""
+    """The --val files, else an --input file named exactly wiki.valid.raw (not invalid.txt);
+    [] if neither."""
     return val_paths or [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
 
 
@@ -302,8 +329,10 @@ def input_splits(paths, val_paths, val_fraction):
         return fetch.file_documents(train_paths), fetch.file_documents(val_paths)
     n_docs = sum(1 for _ in fetch.file_documents(paths))  # a first pass finds where val begins
     if n_docs < 2:
-        raise cli.UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold some out for "
-                            "val; HINT: start articles with ` = Title = ` lines, or name val files with --val")
+        raise cli.UserError(f"found {n_docs} document(s) in {' '.join(paths)}, "
+                            "need 2 or more to hold some out for val; "
+                            "HINT: start articles with ` = Title = ` lines, "
+                            "or name val files with --val")
     docs = fetch.file_documents(paths)
     train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
     return train_docs, rest_after(train_docs, docs)
@@ -317,7 +346,8 @@ def rest_after(head, docs):
 
 def run(args):
     """Find the data that args name (downloading it if need be), then prepare it in args.out_dir."""
-    for path in [os.path.join(args.out_dir, name + ".tmp") for name in OUTPUTS]:  # what a killed run left
+    left_by_a_killed_run = [os.path.join(args.out_dir, name + ".tmp") for name in OUTPUTS]
+    for path in left_by_a_killed_run:
         if os.path.exists(path):
             os.remove(path)
             print(f"removed {path}, left by an interrupted run")
@@ -355,25 +385,31 @@ def run(args):
 
 
 def small_val_warning(val, args):
-    """A warning naming the setting that grows val, when val is too small to estimate a loss on; else None."""
+    """A warning naming the setting that grows val, when val is too small to estimate a loss on;
+    else None."""
     if val["tokens"] >= MIN_VAL_TOKENS and val["documents"] >= MIN_VAL_DOCUMENTS:
         return None
     if args.split == "writeup":
-        hint = f"raise --val_tokens (now {args.val_tokens:,}); if the text ran out, give more or lower --train_tokens"
+        hint = (f"raise --val_tokens (now {args.val_tokens:,}); "
+                "if the text ran out, give more or lower --train_tokens")
     elif not args.input:
-        hint = "use a zip whose wiki.valid.raw holds more text, or give text files with --input and --val"
+        hint = ("use a zip whose wiki.valid.raw holds more text, "
+                "or give text files with --input and --val")
     elif named_val_files(args.input, args.val):
         hint = "give more held-out text with --val"
     else:
-        hint = f"name held-out files with --val, or raise --val_fraction (now {args.val_fraction:g})"
+        hint = ("name held-out files with --val, "
+                f"or raise --val_fraction (now {args.val_fraction:g})")
     documents = "document" if val["documents"] == 1 else "documents"
-    return (f"warning: val has {val['tokens']:,} tokens in {val['documents']:,} {documents}: too few to estimate "
-            f"a loss (aim for {MIN_VAL_TOKENS:,}+ tokens and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
+    return (f"warning: val has {val['tokens']:,} tokens in {val['documents']:,} {documents}: "
+            f"too few to estimate a loss (aim for {MIN_VAL_TOKENS:,}+ tokens "
+            f"and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
 
 
 def prepare_data(argv):
     """The command line's preparation; returns meta.json's contents (tests read them)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--dataset", choices=[WRITEUP, *fetch.DATASETS], help="writeup (the default): the "
         "write-ups' own text, split and tokens; wikitext103, wikitext2: a WikiText zip to download")
@@ -384,25 +420,31 @@ def prepare_data(argv):
         "--dataset=writeup, a copy of the write-ups' wikipedia.txt)")
     add("--val", nargs="+", help="with --input: the files of the val split")
     add("--zip", help="a WikiText raw zip already on disk (checked against --dataset's sha256)")
-    add("--url", help="download the zip from here (checked against --dataset's sha256 if given, else printed)")
+    add("--url", help="download the zip from here "
+        "(checked against --dataset's sha256 if given, else printed)")
     add("--sha256", help="with --url or --zip: the zip's SHA-256; other bytes are refused")
     defaults = ", ".join(f"{d.out_dir} for {name}" for name, d in fetch.DATASETS.items())
     add("--out_dir", help="gets train.bin, val.bin, meta.json and the download (default: "
         f"{defaults}, else {WRITEUP_OUT_DIR})")
     add("--detokenize", action=argparse.BooleanOptionalAction,
-        help="undo WikiText's tokenization marks (default: on with --split=writeup or --dataset wikitext2)")
-    add("--train_tokens", type=int, help=f"--split=writeup: training tokens (default {WRITEUP_TRAIN_TOKENS:,})")
-    add("--val_tokens", type=int, help=f"--split=writeup: val tokens (default {WRITEUP_VAL_TOKENS:,})")
-    add("--max_chars", type=int, help="--split=wikitext: a cap on the characters of the training text")
-    add("--val_fraction", type=float, help="with --input and no val file: the share of documents, from the end, "
-        "for val (default 0.005)")
+        help="undo WikiText's tokenization marks "
+        "(default: on with --split=writeup or --dataset wikitext2)")
+    add("--train_tokens", type=int,
+        help=f"--split=writeup: training tokens (default {WRITEUP_TRAIN_TOKENS:,})")
+    add("--val_tokens", type=int,
+        help=f"--split=writeup: val tokens (default {WRITEUP_VAL_TOKENS:,})")
+    add("--max_chars", type=int,
+        help="--split=wikitext: a cap on the characters of the training text")
+    add("--val_fraction", type=float, help="with --input and no val file: "
+        "the share of documents, from the end, for val (default 0.005)")
     add("--threads", "--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
     add("--retries", type=int, default=5, help="download attempts per URL")
     args = parser.parse_args(argv)
     try:
         check_settings(args)
         made, lock_path = folders_to_make(args.out_dir), os.path.join(args.out_dir, data.DATA_LOCK)
-        with cli.writing(args.out_dir):  # an out_dir that cannot be written fails now, not after a download
+        # An out_dir that cannot be written fails now, not after a download.
+        with cli.writing(args.out_dir):
             os.makedirs(args.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.out_dir).close()
             lock_made = not os.path.exists(lock_path)
@@ -417,9 +459,11 @@ def prepare_data(argv):
                     with contextlib.suppress(OSError):  # one that holds something stays
                         os.rmdir(folder)
                 raise
-    except (KeyboardInterrupt, cli.Stopped) as e:  # Ctrl-C, or a SIGTERM that cli.main made an exception
+    except (KeyboardInterrupt, cli.Stopped) as e:
+        # Ctrl-C, or a SIGTERM that cli.main made an exception
         signum = getattr(e, "signum", signal.SIGINT)
-        raise cli.Stopped(signum, f"stopped by {signal.Signals(signum).name}: {NOTHING_REPLACED}") from None
+        signal_name = signal.Signals(signum).name
+        raise cli.Stopped(signum, f"stopped by {signal_name}: {NOTHING_REPLACED}") from None
 
 
 def folders_to_make(path):
@@ -431,8 +475,8 @@ def folders_to_make(path):
 
 @cli.main
 def main(argv):
-    """Exit status: 0 done, 1 an error, 130 Ctrl-C, 143 SIGTERM (128 + the signal, what a shell reports for a
-    command a signal ended: a scheduler sees a termination, not an error)."""
+    """Exit status: 0 done, 1 an error, 130 Ctrl-C, 143 SIGTERM (128 + the signal, what a shell
+    reports for a command a signal ended: a scheduler sees a termination, not an error)."""
     prepare_data(argv)
 
 
