@@ -52,18 +52,6 @@ WRITEUP_RUN_TOKENS = 1_440_000_000  # config/future50_mse.py: 9,000 steps of 50 
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
-# --------------------------------------------------------------------------- documents
-
-def cap_chars(docs, max_chars):
-    """Stop after the document that reaches max_chars (no cap when max_chars is None)."""
-    total = 0
-    for doc in docs:
-        yield doc
-        total += len(doc)
-        if max_chars is not None and total >= max_chars:
-            return
-
-
 # --------------------------------------------------------------------------- tokenize and write
 
 def groups(docs, detokenize_first, group_chars):
@@ -315,35 +303,6 @@ def check_counts(args, flags):
             raise cli.UserError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
 
 
-def named_val_files(paths, val_paths):
-    """The --val files, else an --input file named exactly wiki.valid.raw (not invalid.txt);
-    [] if neither."""
-    return val_paths or [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
-
-
-def input_splits(paths, val_paths, val_fraction):
-    """(train docs, val docs) from local files: the val files if named, else the last documents."""
-    val_paths = named_val_files(paths, val_paths)
-    if val_paths:
-        train_paths = [p for p in paths if p not in val_paths]
-        return fetch.file_documents(train_paths), fetch.file_documents(val_paths)
-    n_docs = sum(1 for _ in fetch.file_documents(paths))  # a first pass finds where val begins
-    if n_docs < 2:
-        raise cli.UserError(f"found {n_docs} document(s) in {' '.join(paths)}, "
-                            "need 2 or more to hold some out for val; "
-                            "HINT: start articles with ` = Title = ` lines, "
-                            "or name val files with --val")
-    docs = fetch.file_documents(paths)
-    train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
-    return train_docs, rest_after(train_docs, docs)
-
-
-def rest_after(head, docs):
-    """Val continues the same read, past the train documents that --max_chars left unread."""
-    collections.deque(head, maxlen=0)  # reads head to its end
-    yield from docs
-
-
 def run(args):
     """Find the data that args name (downloading it if need be), then prepare it in args.out_dir."""
     left_by_a_killed_run = [os.path.join(args.out_dir, name + ".tmp") for name in OUTPUTS]
@@ -363,7 +322,7 @@ def run(args):
     elif args.input:
         source = {"input": args.input, "val": args.val} if args.val else args.input
         train_docs, val_docs = ((fetch.file_documents(args.input), None) if args.split == "writeup"
-                                else input_splits(args.input, args.val, args.val_fraction))
+                                else fetch.input_splits(args.input, args.val, args.val_fraction))
     else:
         zip_path, source = fetch.zip_source(args, fetch.DATASETS)
         t0 = time.time()
@@ -372,7 +331,7 @@ def run(args):
                     else fetch.zip_documents(zip_path, "wiki.valid.raw"))
     if args.dataset != WRITEUP:
         def write_into(temps):
-            return write_splits(cap_chars(train_docs, args.max_chars), val_docs, temps,
+            return write_splits(fetch.cap_chars(train_docs, args.max_chars), val_docs, temps,
                                 args.threads, args.detokenize, args.train_tokens, args.val_tokens)
     meta = prepare(write_into, args, source, t0)
     if args.dataset == WRITEUP:
@@ -395,7 +354,7 @@ def small_val_warning(val, args):
     elif not args.input:
         hint = ("use a zip whose wiki.valid.raw holds more text, "
                 "or give text files with --input and --val")
-    elif named_val_files(args.input, args.val):
+    elif fetch.named_val_files(args.input, args.val):
         hint = "give more held-out text with --val"
     else:
         hint = ("name held-out files with --val, "

@@ -1,11 +1,12 @@
 """
 What prepare_wikipedia.py fetches and reads: the write-ups' own files (their text, or their token
 files) and the WikiText zips, pinned here, whose size and sha256 are checked before any of it is
-read; how the text of each is read (WikiText's in documents, the write-ups' in pieces); and
-tiktoken's GPT-2 files, checked before a long download. A download resumes its .part with an HTTP
-Range request and records its origin (the URL after redirects, and the sha256); a cached zip that
-fails is renamed *.bad, never deleted; the cache is keyed by URL; retries, backoff and Retry-After
-are urllib3's. A reader of the tutorial may skip this file.
+read; how the text of each is read (WikiText's and your own files' in documents, split into train
+and val, the write-ups' in pieces); and tiktoken's GPT-2 files, checked before a long download. A
+download resumes its .part with an HTTP Range request and records its origin (the URL after
+redirects, and the sha256); a cached zip that fails is renamed *.bad, never deleted; the cache is
+keyed by URL; retries, backoff and Retry-After are urllib3's. A reader of the tutorial may skip
+this file.
 """
 import collections
 import contextlib
@@ -411,6 +412,44 @@ def zip_documents(zip_path, member):
         name = next(n for n in zf.namelist() if os.path.basename(n) == member)
         with zf.open(name) as f:
             yield from read_documents(text_lines(f, f"{zip_path}:{name}"))
+
+
+def cap_chars(docs, max_chars):
+    """Stop after the document that reaches max_chars (no cap when max_chars is None)."""
+    total = 0
+    for doc in docs:
+        yield doc
+        total += len(doc)
+        if max_chars is not None and total >= max_chars:
+            return
+
+
+def named_val_files(paths, val_paths):
+    """The --val files, else an --input file named exactly wiki.valid.raw (not invalid.txt);
+    [] if neither."""
+    return val_paths or [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
+
+
+def input_splits(paths, val_paths, val_fraction):
+    """(train docs, val docs) from local files: the val files if named, else the last documents."""
+    val_paths = named_val_files(paths, val_paths)
+    if val_paths:
+        train_paths = [p for p in paths if p not in val_paths]
+        return file_documents(train_paths), file_documents(val_paths)
+    n_docs = sum(1 for _ in file_documents(paths))  # a first pass finds where val begins
+    if n_docs < 2:
+        raise cli.UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to "
+                            "hold some out for val; HINT: start articles with ` = Title = ` lines, "
+                            "or name val files with --val")
+    docs = file_documents(paths)
+    train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
+    return train_docs, rest_after(train_docs, docs)
+
+
+def rest_after(head, docs):
+    """Val continues the same read, past the train documents that --max_chars left unread."""
+    collections.deque(head, maxlen=0)  # reads head to its end
+    yield from docs
 
 
 def detokenize(text):
