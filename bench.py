@@ -1,18 +1,22 @@
-"""
+r"""
 Times one training step of the models that config files describe, on random tokens, after a
 warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-backward passes
 (train.forward_backward) and one AdamW step. Settings are train.py's (config file plus
 --key=value flags), with a few of bench.py's own (BENCH_DEFAULTS below);
 --gradient_accumulation_steps=1 times a single micro-step and its AdamW step.
 
-    python bench.py config/future50_mse.py --device=cpu --batch_size=4 --gradient_accumulation_steps=1
-    python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast --device=cpu --batch_size=4
-    python bench.py config/future50_mse.py --explain                # graph breaks under torch.compile
+    python bench.py config/future50_mse.py --device=cpu --batch_size=4 \
+        --gradient_accumulation_steps=1
+    python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast \
+        --device=cpu --batch_size=4
+    python bench.py config/future50_mse.py --explain  # graph breaks under torch.compile
     python bench.py config/future50_mse.py --sweep_block_size=256,512,1024,2048 --batch_size=8
-    python bench.py config/baseline.py --profile                   # where a step's time goes, by kind
-    python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation, same tokens
-    python bench.py --prepare                                       # prepare_wikipedia.py's speed and memory
-    python bench.py --causal=my_model.py:build                      # check_causal.py --model, timed per model
+    python bench.py config/baseline.py --profile      # where a step's time goes, by kind
+    python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation,
+                                                                   # same tokens
+    python bench.py --prepare                         # prepare_wikipedia.py's speed and memory
+    python bench.py --prepare --writeup               # the same, the write-ups' text
+    python bench.py --causal=my_model.py:build        # check_causal.py --model, timed per model
 
 --compare runs all configs in one process, one step of each in turn, and prints each one's
 time over the first's, the median of the per-round ratios: a busy machine slows every
@@ -69,12 +73,17 @@ BENCH_DEFAULTS = dict(
     sweep_block_size="",  # e.g. '256,512,1024,2048': time and peak memory per block_size
     splits="",  # e.g. '50x16,100x8': batch_size x gradient_accumulation_steps, all the same product
     profile=0,  # steps to trace with torch.profiler after the warm-up (a bare --profile: 5)
-    profile_trace="",  # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
-    memory=False,  # the peak tensor memory of one step after the warm-up, from torch.profiler's allocation records
-    causal="",  # e.g. 'my_models.py:gpt2,my_models.py:bert': seconds of `check_causal.py --model=` per model
+    # with --profile: also write the trace to this .json (chrome://tracing, Perfetto)
+    profile_trace="",
+    # the peak tensor memory of one step after the warm-up, from torch.profiler's allocation records
+    memory=False,
+    # e.g. 'my_models.py:gpt2,my_models.py:bert': seconds of `check_causal.py --model=` per model
+    causal="",
 )
-MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal")  # at most one per run
-SWITCHES = dict(compare=True, explain=True, profile=5, memory=True)  # a bare --compare means --compare=True, --profile 5 steps
+# The modes: at most one per run.
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal")
+# A bare --compare means --compare=True, a bare --profile 5 steps.
+SWITCHES = dict(compare=True, explain=True, profile=5, memory=True)
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
@@ -84,32 +93,40 @@ def parse_args(argv):
     paths = [a for a in argv if not a.startswith("--")]
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
-    bench = configurator.merge(BENCH_DEFAULTS, {}, {k: v for k, v in overrides.items() if k in BENCH_DEFAULTS})
+    bench_overrides = {k: v for k, v in overrides.items() if k in BENCH_DEFAULTS}
+    bench = configurator.merge(BENCH_DEFAULTS, {}, bench_overrides)
     impls = bench["impl"].split(",")
     if not set(impls) <= set(IMPLS):
-        raise configurator.ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, got {bench['impl']!r}")
+        raise configurator.ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, "
+                                       f"got {bench['impl']!r}")
     modes = [f"--{mode}" for mode in MODES if bench[mode]]
     if len(modes) > 1:
         raise configurator.ConfigError(f"{' and '.join(modes)} do not go together: pick one")
     if bench["profile_trace"] and not bench["profile"]:
-        raise configurator.ConfigError("--profile_trace saves the trace of --profile: add --profile")
-    if bench["profile_trace"] and not os.path.isdir(os.path.dirname(os.path.abspath(bench["profile_trace"]))):
-        raise configurator.ConfigError(f"no directory for --profile_trace={bench['profile_trace']}: create it first")
+        raise configurator.ConfigError("--profile_trace saves the trace of --profile: "
+                                       "add --profile")
+    trace_dir = os.path.dirname(os.path.abspath(bench["profile_trace"]))
+    if bench["profile_trace"] and not os.path.isdir(trace_dir):
+        raise configurator.ConfigError("no directory for "
+                                       f"--profile_trace={bench['profile_trace']}: create it first")
     bench["splits"] = parse_splits(bench["splits"]) if bench["splits"] else []
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in BENCH_DEFAULTS]
     runs = []
     for path in paths or [None]:
-        config = train.get_config(([path] if path else []) + train_flags, script_keys=BENCH_DEFAULTS)
+        config = train.get_config(([path] if path else []) + train_flags,
+                                  script_keys=BENCH_DEFAULTS)
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
-            raise configurator.ConfigError("impl=flex needs --device=cuda: FlexAttention has no backward on a CPU")
+            raise configurator.ConfigError("impl=flex needs --device=cuda: "
+                                           "FlexAttention has no backward on a CPU")
         if "compile" not in overrides and not config["device"].startswith("cuda"):
             config["compile"] = False  # compiling takes minutes on a CPU; --compile=True to try
         label = os.path.basename(path)[:-3] if path else config["model_type"]
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
     if bench["profile_trace"] and len(runs) > 1:
-        raise configurator.ConfigError("--profile_trace takes one config and one --impl (one trace per file)")
+        raise configurator.ConfigError("--profile_trace takes one config and one --impl "
+                                       "(one trace per file)")
     return bench, runs
 
 
@@ -120,13 +137,14 @@ def parse_splits(text):
     except ValueError:
         splits = []
     if not splits or any(len(split) != 2 or min(split) < 1 for split in splits):
-        raise configurator.ConfigError(f"write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; got {text!r}")
+        raise configurator.ConfigError("write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; "
+                                       f"got {text!r}")
     (b0, k0), *others = splits
     for b, k in others:
         if b * k != b0 * k0:
             raise configurator.ConfigError(
-                f"split {b}x{k} trains on {b * k} sequences per optimizer step but {b0}x{k0} on {b0 * k0}: "
-                f"give splits of the same product"
+                f"split {b}x{k} trains on {b * k} sequences per optimizer step "
+                f"but {b0}x{k0} on {b0 * k0}: give splits of the same product"
             )
     return splits
 
@@ -135,7 +153,7 @@ def build(label, config, impl, micro_steps=None):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast; a step
     is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps'
     dtype, autocast = settings.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
@@ -144,21 +162,26 @@ def build(label, config, impl, micro_steps=None):
             model.set_impl(impl)
         except ValueError as e:  # an implementation that cannot compute this config's attention
             raise configurator.ConfigError(str(e)) from None
-    optimizer = model.configure_optimizers(
-        config["weight_decay"], config["learning_rate"], (config["beta1"], config["beta2"]), device_type
-    )
+    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                           (config["beta1"], config["beta2"]), device_type)
     shape = (config["batch_size"], config["block_size"])
     x = torch.randint(config["vocab_size"], shape, device=device)
     y = torch.randint(config["vocab_size"], shape, device=device)
-    return dict(label=label, config=config, impl=impl, device=device, dtype=dtype, autocast=autocast,
-                model=model, step_model=torch.compile(model) if config["compile"] else model,
-                optimizer=optimizer, scaler=torch.amp.GradScaler(device_type, enabled=dtype == "float16"),
-                x=x, y=y, micro_steps=micro_steps or config["gradient_accumulation_steps"], times=[], peak_memory=0)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    return dict(label=label, config=config, impl=impl, device=device, dtype=dtype,
+                autocast=autocast, model=model,
+                step_model=torch.compile(model) if config["compile"] else model,
+                optimizer=optimizer, scaler=scaler, x=x, y=y,
+                micro_steps=micro_steps or config["gradient_accumulation_steps"],
+                times=[], peak_memory=0)
 
 
 def sync(run):
+    """Waits for the GPU's queued work, so that a time is that of the work, not of queuing it."""
     if run["device"].startswith("cuda"):
         torch.cuda.synchronize(run["device"])
+    elif run["device"].startswith("mps"):
+        torch.mps.synchronize()
 
 
 def step(run):
@@ -170,9 +193,9 @@ def step(run):
     sync(run)
     t0 = time.perf_counter()
     # the gradients, unscaled and clipped as train.py clips them; its one sync per step included
-    train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])), run["micro_steps"],
-                           run["autocast"], run["scaler"], ddp=False, optimizer=run["optimizer"],
-                           grad_clip=run["config"]["grad_clip"])
+    train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])),
+                           run["micro_steps"], run["autocast"], run["scaler"], ddp=False,
+                           optimizer=run["optimizer"], grad_clip=run["config"]["grad_clip"])
     run["scaler"].step(run["optimizer"])
     run["scaler"].update()
     run["optimizer"].zero_grad(set_to_none=True)
@@ -206,17 +229,22 @@ def report(run, bench, first=None):
     dt = statistics.median(times)
     config = run["config"]
     sequences = config["batch_size"] * run["micro_steps"]  # per step
-    line = (f"{run['label']:28s} {dt * 1000:9.1f} ms/iter (min {times[0] * 1000:.1f}, max {times[-1] * 1000:.1f})"
+    line = (f"{run['label']:28s} {dt * 1000:9.1f} ms/iter "
+            f"(min {times[0] * 1000:.1f}, max {times[-1] * 1000:.1f})"
             f" {sequences * config['block_size'] / dt:9.0f} tokens/s")
     if run["device"].startswith("cuda") and bench["peak_flops"]:
         mfu = run["model"].estimate_mfu(sequences, dt, flops_promised=bench["peak_flops"])
         line += f"  MFU {mfu * 100:5.1f}%"
     elif run["device"].startswith("cuda"):
         line += "  MFU n/a"
-    line += f"  peak memory {run['peak_memory'] / 2**20:8.1f} MiB" if run["peak_memory"] else "  peak memory n/a"
+    if run["peak_memory"]:
+        line += f"  peak memory {run['peak_memory'] / 2**20:8.1f} MiB"
+    else:
+        line += "  peak memory n/a"
     if first is not None:
         ratios = [t / t0 for t, t0 in zip(run["times"], first["times"])]  # per round
-        line += f"  ratio {statistics.median(ratios):.3f} (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+        line += (f"  ratio {statistics.median(ratios):.3f} "
+                 f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
     print(line)
 
 
@@ -238,7 +266,8 @@ def time_each(run, bench, variants):
             one = build(label, dict(run["config"], **changes), run["impl"], micro_steps=micro_steps)
             time_runs([one], bench)
             if not cuda and i > 0:
-                one["peak_memory"] = 0  # the process's peak RSS never falls: it measures the first variant only
+                # The process's peak RSS never falls: it measures the first variant only.
+                one["peak_memory"] = 0
             report(one, bench)
         except torch.OutOfMemoryError:
             print(f"{label}: out of memory")
@@ -256,10 +285,11 @@ def sweep(run, bench):
 def splits(run, bench):
     """ms per optimizer step, tokens/s and peak memory of each batch_size x accumulation split."""
     (b0, k0), T = bench["splits"][0], run["config"]["block_size"]
-    print(f"{run['label']}: {b0 * k0 * T:,} tokens per optimizer step ({b0 * k0} sequences of {T}); "
-          f"an iter below is a whole optimizer step")
-    time_each(run, bench, [(f"{run['label']} {b}x{k}", dict(batch_size=b, gradient_accumulation_steps=k), k)
-                           for b, k in bench["splits"]])
+    print(f"{run['label']}: {b0 * k0 * T:,} tokens per optimizer step "
+          f"({b0 * k0} sequences of {T}); an iter below is a whole optimizer step")
+    variants = [(f"{run['label']} {b}x{k}", dict(batch_size=b, gradient_accumulation_steps=k), k)
+                for b, k in bench["splits"]]
+    time_each(run, bench, variants)
 
 
 def peak_memory(run, bench):
@@ -284,14 +314,17 @@ def peak_memory(run, bench):
     start = first.total_allocated - first.alloc_size  # the allocator's total before the step
     peak = max(fields.total_allocated for _, fields in records) - start
     config = run["config"]
-    print(f"{run['label']}: peak tensor memory of one step ({run['micro_steps']} x (forward, backward) of batch "
-          f"{config['batch_size']} x {config['block_size']}, then AdamW): {peak / 2**20:,.1f} MiB above its start")
+    print(f"{run['label']}: peak tensor memory of one step "
+          f"({run['micro_steps']} x (forward, backward) of batch "
+          f"{config['batch_size']} x {config['block_size']}, then AdamW): "
+          f"{peak / 2**20:,.1f} MiB above its start")
 
 
 # --------------------------------------------------------------------------------------
 # profile: where a step's time goes
 
-KINDS = ("matmul", "attention", "head + loss", "norm + pointwise", "optimizer", "memory copies", "other")
+KINDS = ("matmul", "attention", "head + loss", "norm + pointwise", "optimizer", "memory copies",
+         "other")
 # (kind, pattern) for a lowercased CUDA kernel name (cuBLAS, FlashAttention, ATen, Triton
 # from torch.compile) or CPU op name (aten::...); the first pattern that matches wins
 KIND_PATTERNS = (
@@ -303,10 +336,12 @@ KIND_PATTERNS = (
     # all the ops they fuse, so they may mention addmm or attention)
     ("norm + pointwise", r"^triton_(poi|red|per)_"),
     ("attention", r"flash|fmha|sdpa|scaled_dot_product|efficient_attention|flex_attention"),
-    ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitkreduce|(^|_|::)(mm|addmm|bmm|baddbmm|matmul|linear)(_|$)"),
+    ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitkreduce|"
+               r"(^|_|::)(mm|addmm|bmm|baddbmm|matmul|linear)(_|$)"),
     ("memory copies", r"memcpy|memset|copy|clone|contiguous|fill|^aten::cat$"),
     ("norm + pointwise", r"layer_norm|gammabeta|elementwise|reduce_kernel|softmax|"
-                         r"^aten::_?(add|sub|mul|div|neg|pow|sqrt|rsqrt|exp|log|tanh|gelu|where|sum|mean|norm|lerp)"),
+                         r"^aten::_?(add|sub|mul|div|neg|pow|sqrt|rsqrt|exp|log|tanh|gelu|where|"
+                         r"sum|mean|norm|lerp)"),
 )
 TOP_KERNELS = 15
 
@@ -348,7 +383,8 @@ def profile(run, bench):
         step(run)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities) as prof:
-        wall = sum(step(run) for _ in range(n)) * 1e3 / n  # ms per step; step() syncs before and after
+        # ms per step; step() syncs before and after
+        wall = sum(step(run) for _ in range(n)) * 1e3 / n
     events = prof.events()
     if cuda:  # what the GPU ran: kernels, copies and fills
         events = [e for e in events if e.device_type == DeviceType.CUDA]
@@ -356,7 +392,8 @@ def profile(run, bench):
     else:  # each op's time outside the ops it calls
         work = [(e.name, kind_of_op(e), e.self_cpu_time_total) for e in events]
     busy = busy_time([(e.time_range.start, e.time_range.end) for e in events]) / 1e3 / n
-    ms_by_kind, ms_by_name, calls = dict.fromkeys(KINDS, 0.0), collections.Counter(), collections.Counter()
+    ms_by_kind = dict.fromkeys(KINDS, 0.0)
+    ms_by_name, calls = collections.Counter(), collections.Counter()
     for name, kind, us in work:
         ms_by_kind[kind] += us / 1e3 / n
         ms_by_name[name, kind] += us / 1e3 / n  # on a CPU, one op can do several kinds of work
@@ -364,17 +401,18 @@ def profile(run, bench):
     gap = "host gaps (GPU idle)" if cuda else "outside ops (Python)"
 
     config = run["config"]
-    print(f"{run['label']}: {n} steps traced, each {run['micro_steps']} forward and backward passes of batch "
-          f"{config['batch_size']} x {config['block_size']} tokens, then AdamW: {wall:.2f} ms/step (the profiler slows the host side)")
+    print(f"{run['label']}: {n} steps traced, each {run['micro_steps']} forward and backward "
+          f"passes of batch {config['batch_size']} x {config['block_size']} tokens, then AdamW: "
+          f"{wall:.2f} ms/step (the profiler slows the host side)")
     print(f"  {'kind':24s} {'ms/step':>9s} {'%':>7s}")
     for kind, ms in [*ms_by_kind.items(), (gap, wall - busy), ("total (wall)", wall)]:
         print(f"  {kind:24s} {ms:9.2f} {ms / wall * 100:6.1f}%")
     if sum(ms_by_kind.values()) > 1.01 * busy:
-        print(f"  note: work overlapped (streams or threads): the kinds add up to {sum(ms_by_kind.values()):.2f} "
-              f"ms but something ran during {busy:.2f} ms")
+        print(f"  note: work overlapped (streams or threads): the kinds add up to "
+              f"{sum(ms_by_kind.values()):.2f} ms but something ran during {busy:.2f} ms")
     head = 6 * config["n_embd"] * config["vocab_size"] / run["model"].flops_per_token()
-    print(f"  the output head's matmuls, 6 x n_embd x vocab_size FLOPs per token, are {head * 100:.0f}% "
-          f"of the model's FLOPs; they count under matmul")
+    print(f"  the output head's matmuls, 6 x n_embd x vocab_size FLOPs per token, "
+          f"are {head * 100:.0f}% of the model's FLOPs; they count under matmul")
     print(f"  top {TOP_KERNELS} {'kernels' if cuda else 'ops'} by time:")
     print(f"  {'ms/step':>9s} {'calls/step':>10s}  {'kind':17s} name")
     for (name, kind), ms in ms_by_name.most_common(TOP_KERNELS):
@@ -384,7 +422,8 @@ def profile(run, bench):
         root, ext = os.path.splitext(bench["profile_trace"])
         prof.export_chrome_trace(f"{root}.tmp{ext}")
         os.replace(f"{root}.tmp{ext}", bench["profile_trace"])  # whole or not at all
-        print(f"  trace written to {bench['profile_trace']} (open it in chrome://tracing or ui.perfetto.dev)")
+        print(f"  trace written to {bench['profile_trace']} "
+              "(open it in chrome://tracing or ui.perfetto.dev)")
 
 
 def causal_seconds(models):
@@ -393,16 +432,21 @@ def causal_seconds(models):
     steadier number on a busy machine), the part the exact checks took (the rest is starting
     Python and importing torch and the model's library) and the verdict."""
     check_causal = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_causal.py")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; each model checked in a fresh process")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; "
+          "each model checked in a fresh process")
     print(f"{'model':40s} {'wall s':>7s} {'CPU s':>6s} {'checks s':>8s}  verdict")
     for spec in models.split(","):
         before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        done = subprocess.run([sys.executable, check_causal, f"--model={spec}"], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, check_causal, f"--model={spec}"],
+                              capture_output=True, text=True)
         wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        checks = re.search(r"\[the checks: ([\d.]+) s\]", done.stdout)  # a leak ends the checks early: no total
-        verdict = {0: "causal", 1: "leak"}.get(done.returncode) or (done.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"{spec:40s} {wall:7.1f} {cpu:6.1f} {checks.group(1) if checks else '-':>8s}  {verdict}")
+        # A leak ends the checks early: no total.
+        checks = re.search(r"\[the checks: ([\d.]+) s\]", done.stdout)
+        checks_s = checks.group(1) if checks else "-"
+        last_error_line = (done.stderr.strip().splitlines() or ["?"])[-1]
+        verdict = {0: "causal", 1: "leak"}.get(done.returncode) or last_error_line
+        print(f"{spec:40s} {wall:7.1f} {cpu:6.1f} {checks_s:>8s}  {verdict}")
 
 
 # --------------------------------------------------------------------------------------
@@ -422,16 +466,19 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak so far was the imports': start it again from here
 t0 = time.perf_counter()
 meta = prepare_wikipedia.prepare_data(sys.argv[1:])
-print(json.dumps(dict(seconds=time.perf_counter() - t0, tokens=meta["train"]["tokens"] + meta["val"]["tokens"],
+print(json.dumps(dict(seconds=time.perf_counter() - t0,
+                      tokens=meta["train"]["tokens"] + meta["val"]["tokens"],
                       peak=status("VmHWM"), imports=imports)))
 """
 
 
 def write_corpus(path, chars, seed=0):
-    """About `chars` characters of WikiText-like articles (` = Title = ` headings, ` @-@ ` and ` , ` marks,
-    numbers) of English words drawn from this repository's docs; a text of at most 5 MB, repeated."""
+    """About `chars` characters of WikiText-like articles (` = Title = ` headings, ` @-@ ` and
+    ` , ` marks, numbers) of English words drawn from this repository's docs; a text of at most
+    5 MB, repeated."""
     import glob, random  # noqa: E401 (this mode's own)
-    docs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "*.md")))
+    repository = os.path.dirname(os.path.abspath(__file__))
+    docs = sorted(glob.glob(os.path.join(repository, "docs", "*.md")))
     words = re.findall(r"[A-Za-z]+", " ".join(open(doc).read() for doc in docs))
     rng, articles, size = random.Random(seed), [], 0
     while size < min(chars, 5e6):
@@ -440,7 +487,8 @@ def write_corpus(path, chars, seed=0):
             n = rng.randint(40, 160)
             marks = rng.choices([" ", " , ", " . ", " @-@ ", " 's ", f" {rng.randint(1, 2000)} "],
                                 weights=[85, 5, 5, 2, 1, 2], k=n)
-            paragraphs.append(" " + "".join(w + m for w, m in zip(rng.choices(words, k=n), marks)) + ". \n \n")
+            sentence = "".join(w + m for w, m in zip(rng.choices(words, k=n), marks))
+            paragraphs.append(" " + sentence + ". \n \n")
         articles.append(f" = {' '.join(rng.choices(words, k=3))} = \n \n" + "".join(paragraphs))
         size += len(articles[-1])
     text = "".join(articles)
@@ -450,86 +498,112 @@ def write_corpus(path, chars, seed=0):
 
 
 def run_prepare(argv):
-    """prepare_wikipedia.py with argv in a child process: its seconds (after the imports), tokens, peak memory."""
+    """prepare_wikipedia.py with argv in a child process: its seconds (after the imports), tokens,
+    peak memory."""
     import json, subprocess  # noqa: E401 (this mode's own)
-    child = subprocess.run([sys.executable, "-c", PREPARE_CHILD, *argv], capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run([sys.executable, "-c", PREPARE_CHILD, *argv], capture_output=True,
+                           text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
     if child.returncode:
         raise cli.UserError(f"prepare_wikipedia.py failed: {child.stderr.strip().splitlines()[-1]}")
     return json.loads(child.stdout.splitlines()[-1])
 
 
-def tiktoken_seconds(batches, num_threads, arrays=False):
-    """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an <|endoftext|>
-    counted per document; each batch's tokens are dropped as the next is encoded, as prepare drops them.
-    arrays: the encoder prepare uses instead, encode_to_numpy mapped over each batch on a pool of as many threads."""
+def tiktoken_seconds(batches, num_threads, arrays=False, end_of_text=True):
+    """(seconds, tokens) of tiktoken's own encode_ordinary_batch on batches of documents, an
+    <|endoftext|> counted per document if end_of_text; each batch's tokens are dropped as the next
+    is encoded, as prepare drops them. arrays: the encoder prepare uses instead, encode_to_numpy
+    mapped over each batch on a pool of as many threads."""
     import concurrent.futures, functools, tiktoken  # noqa: E401 (this mode's own)
     encoding = tiktoken.get_encoding("gpt2")
     encode = functools.partial(encoding.encode_to_numpy, disallowed_special=())
-    t0, tokens = time.perf_counter(), 0
+    t0, tokens, ends = time.perf_counter(), 0, int(end_of_text)
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
         for batch in batches:
             if arrays:
-                tokens += sum(len(ids) + 1 for ids in pool.map(encode, batch))
+                tokens += sum(len(ids) + ends for ids in pool.map(encode, batch))
             else:
-                tokens += sum(len(ids) + 1 for ids in encoding.encode_ordinary_batch(batch, num_threads=num_threads))
+                encoded = encoding.encode_ordinary_batch(batch, num_threads=num_threads)
+                tokens += sum(len(ids) + ends for ids in encoded)
     return time.perf_counter() - t0, tokens
 
 
 def bench_prepare(argv):
-    """python bench.py --prepare [--mb 50] [--num_proc N] [--rounds 5] [--memory_at 4]: prepare_wikipedia.py
-    on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it, run in a child process. Its
-    tokens per second are set beside tiktoken's own encode_ordinary_batch on the same documents, in the
-    same batches, with the same threads, timed before and after each of --rounds runs of prepare: the
-    ratio to their mean holds on a busy machine where the speeds wander. It is set beside prepare's own
-    encoder (encode_to_numpy on a thread pool) too, timed just after. Its peak memory (RSS) is measured
-    on that corpus and on one --memory_at times larger."""
+    """python bench.py --prepare [--writeup] [--mb 50] [--threads N] [--rounds 5] [--memory_at 4]:
+    prepare_wikipedia.py on --mb MB of WikiText-like text (write_corpus) and a val file 1/50 of it,
+    run in a child process; with --writeup, the write-ups' text path instead (--dataset=writeup
+    --input: their 90/10 split of one text, in pieces, no <|endoftext|>). Its tokens per second are
+    set beside tiktoken's own encode_ordinary_batch on the same documents (or pieces), in the same
+    batches, with the same threads, timed before and after each of --rounds runs of prepare: the
+    ratio to their mean holds on a busy machine where the speeds wander. It is set beside prepare's
+    own encoder (encode_to_numpy on a thread pool) too, timed just after. Its peak memory (RSS) is
+    measured on that corpus and on one --memory_at times larger."""
     import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
     import prepare_wikipedia
+    from lib import fetch  # this mode's own
     parser = argparse.ArgumentParser(prog="bench.py --prepare")
-    parser.add_argument("--mb", type=float, default=50, help="the corpus, in millions of characters")
-    parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
-    parser.add_argument("--rounds", type=int, default=5, help="runs of prepare, each between two of tiktoken")
-    parser.add_argument("--memory_at", default="4", help="larger corpora whose peak memory is measured, in --mb")
+    parser.add_argument("--mb", type=float, default=50,
+                        help="the corpus, in millions of characters")
+    parser.add_argument("--writeup", action="store_true", help="the write-ups' text path")
+    parser.add_argument("--threads", "--num_proc", type=int, default=os.cpu_count(),
+                        help="tokenizer threads")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="runs of prepare, each between two of tiktoken")
+    parser.add_argument("--memory_at", default="4",
+                        help="larger corpora whose peak memory is measured, in --mb")
     args = parser.parse_args(argv)
-    print(f"prepare_wikipedia.py, {args.num_proc} tokenizer threads; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs")
+    path = "the write-ups' text path" if args.writeup else "documents"
+    print(f"prepare_wikipedia.py ({path}), {args.threads} tokenizer threads; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     folder = tempfile.mkdtemp(prefix="bench_prepare_")
     val, corpus = os.path.join(folder, "val.txt"), os.path.join(folder, "train.txt")
-    prepare_argv = ["--input", corpus, "--val", val, "--out_dir", os.path.join(folder, "out"),
-                    "--num_proc", str(args.num_proc)]
+    out = ["--out_dir", os.path.join(folder, "out"), "--threads", str(args.threads)]
+    prepare_argv = (["--dataset=writeup", "--input", corpus, *out] if args.writeup
+                    else ["--input", corpus, "--val", val, *out])
 
     def report_memory(runs, scale):
         peak, imports = max(run["peak"] for run in runs), max(run["imports"] for run in runs)
-        print(f"{scale:g}x ({os.path.getsize(corpus) / 1e6:.0f} MB of text): peak memory {peak:.0f} MiB, "
+        print(f"{scale:g}x ({os.path.getsize(corpus) / 1e6:.0f} MB of text): "
+              f"peak memory {peak:.0f} MiB, "
               f"{peak - imports:.0f} MiB above the imports' {imports:.0f} MiB")
 
     try:
         write_corpus(val, args.mb * 1e6 / 50, seed=1)
         write_corpus(corpus, args.mb * 1e6)
-        batches = []  # the documents in batches of about READ_AHEAD_CHARS characters, as many as prepare has in flight
-        for path in (corpus, val):
+        # the documents (or the write-ups' pieces) in batches of about READ_AHEAD_CHARS characters,
+        # as many as prepare has in flight
+        parts = ([pieces for _, pieces in fetch.writeup_parts(corpus)] if args.writeup
+                 else [fetch.file_documents([path]) for path in (corpus, val)])
+        batches = []
+        for texts in parts:
             batches.append([])
-            for doc in prepare_wikipedia.file_documents([path]):
+            for text in texts:
                 if sum(map(len, batches[-1])) >= prepare_wikipedia.READ_AHEAD_CHARS:
                     batches.append([])
-                batches[-1].append(doc)
-        before, tokens = tiktoken_seconds(batches, args.num_proc)
+                batches[-1].append(text)
+        ends = not args.writeup  # an <|endoftext|> per document; none in the write-ups' text
+        before, tokens = tiktoken_seconds(batches, args.threads, end_of_text=ends)
         runs, ratios, of_encoder = [], [], []
         for _ in range(args.rounds):  # tiktoken, prepare, tiktoken, prepare, ..., tiktoken
             runs.append(run_prepare(prepare_argv))
-            after, _ = tiktoken_seconds(batches, args.num_proc)
-            encoder, encoder_tokens = tiktoken_seconds(batches, args.num_proc, arrays=True)
-            assert runs[-1]["tokens"] == tokens == encoder_tokens, "prepare and tiktoken tokenized different text"
-            tiktoken_s = (before + after) / 2  # tiktoken's time around prepare's: a load that drifts cancels out
+            after, _ = tiktoken_seconds(batches, args.threads, end_of_text=ends)
+            encoder, encoder_tokens = tiktoken_seconds(batches, args.threads, arrays=True,
+                                                       end_of_text=ends)
+            same_text = runs[-1]["tokens"] == tokens == encoder_tokens
+            assert same_text, "prepare and tiktoken tokenized different text"
+            # tiktoken's time around prepare's: a load that drifts cancels out
+            tiktoken_s = (before + after) / 2
             ratios.append(tiktoken_s / runs[-1]["seconds"])
             of_encoder.append(encoder / runs[-1]["seconds"])
-            print(f"{tokens / 1e6:.1f}M tokens: tiktoken {tokens / tiktoken_s / 1e6:.2f}M tokens/s, prepare "
-                  f"{tokens / runs[-1]['seconds'] / 1e6:.2f}M tokens/s: ratio {ratios[-1]:.2f}; prepare's encoder "
-                  f"alone {tokens / encoder / 1e6:.2f}M tokens/s, prepare keeps {of_encoder[-1]:.2f} of it")
+            print(f"{tokens / 1e6:.1f}M tokens: "
+                  f"tiktoken {tokens / tiktoken_s / 1e6:.2f}M tokens/s, "
+                  f"prepare {tokens / runs[-1]['seconds'] / 1e6:.2f}M tokens/s: "
+                  f"ratio {ratios[-1]:.2f}; "
+                  f"prepare's encoder alone {tokens / encoder / 1e6:.2f}M tokens/s, "
+                  f"prepare keeps {of_encoder[-1]:.2f} of it")
             before = after
-        print(f"ratio, median of {args.rounds}: {statistics.median(ratios):.2f} (goal: 0.85 or more; from "
-              f"{min(ratios):.2f} to {max(ratios):.2f}); of prepare's own encoder: {statistics.median(of_encoder):.2f}")
+        print(f"ratio, median of {args.rounds}: {statistics.median(ratios):.2f} "
+              f"(goal: 0.85 or more; from {min(ratios):.2f} to {max(ratios):.2f}); "
+              f"of prepare's own encoder: {statistics.median(of_encoder):.2f}")
         del batches
         report_memory(runs, 1)
         for scale in [float(scale) for scale in args.memory_at.split(",") if scale]:
@@ -546,7 +620,8 @@ def main(argv):
     if argv[:1] == ["--prepare"]:  # prepare_wikipedia.py's speed and memory: bench_prepare
         return bench_prepare(argv[1:])
     if configurator.wants_help(argv):
-        print(configurator.usage(__doc__, BENCH_DEFAULTS) + "\nand every key of train.py (python train.py --help)")
+        print(configurator.usage(__doc__, BENCH_DEFAULTS)
+              + "\nand every key of train.py (python train.py --help)")
         return 0
     bench, runs = parse_args(argv)
     if bench["causal"]:
@@ -556,9 +631,13 @@ def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = True
     bench["peak_flops"] = machine.peak_flops(device) if cuda else None
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    if device.startswith("mps"):
+        name = "Apple GPU (MPS)"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
-    print(f"torch {torch.__version__}, {name}{peak}; warmup {bench['warmup']}, iters {bench['iters']}")
-    if bench["sweep_block_size"] or bench["splits"]:  # they build their own models, one shape at a time
+    print(f"torch {torch.__version__}, {name}{peak}; "
+          f"warmup {bench['warmup']}, iters {bench['iters']}")
+    # Sweeps and splits build their own models, one shape at a time.
+    if bench["sweep_block_size"] or bench["splits"]:
         for label, config, impl in runs:
             run = dict(label=label, config=config, impl=impl, device=config["device"])
             if bench["sweep_block_size"]:
@@ -568,9 +647,11 @@ def main(argv):
         return 0
     runs = [build(*run) for run in runs]
     for run in runs:
-        print(f"{run['label']}: {run['model'].get_num_params():,} parameters, batch {run['config']['batch_size']} "
-              f"x block_size {run['config']['block_size']}, {run['dtype']}, compile={run['config']['compile']}; "
-              f"an iter is one train.py step: {run['micro_steps']} x (forward, backward), then AdamW")
+        print(f"{run['label']}: {run['model'].get_num_params():,} parameters, "
+              f"batch {run['config']['batch_size']} x block_size {run['config']['block_size']}, "
+              f"{run['dtype']}, compile={run['config']['compile']}; "
+              f"an iter is one train.py step: {run['micro_steps']} x (forward, backward), "
+              "then AdamW")
     if bench["explain"]:
         for run in runs:
             explain(run)

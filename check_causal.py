@@ -6,7 +6,7 @@ any model type, any options: the model is built as train.py builds it.
     python check_causal.py config/future50_mse.py                   # seconds, on a CPU
     python check_causal.py config/encdec_possub.py --sub_pos=yes_ln # any --key=value of train.py
     python check_causal.py config/baseline.py --full_size=True      # at the config's own sizes
-    python check_causal.py config/future50_mse.py --probe=True      # and the reversal probe (a minute)
+    python check_causal.py config/future50_mse.py --probe=True      # and the reversal probe
 
 The exact checks run in float64 on a CPU with random weights, every parameter drawn afresh
 at a scale where activations stay near 1 (so no zero-initialized bias or tiny weight can
@@ -23,29 +23,33 @@ as configured, at 16 positions spread over T (--positions=0 for every one).
 of the omniverse notebook ("How To Fine-Tune Decoder-Only Models For Sequence
 Classification With Cross-Attention?"): given n random digits, position t must predict
 digit n-1-t. A causal model learns the positions whose digit it has already seen (the
-second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model that sees the future
-reaches near 100%. Exit status: 0 causal, 1 a leak (or a probe that learned nothing),
-2 a bad setting.
+second half) and stays at chance, 1 in 10, on the first half: about 55% in all. A model
+that sees the future reaches near 100%. The probe takes a minute. Exit status: 0 causal, 1 a
+leak (or a probe that learned nothing), 2 a bad setting.
 
 Any PyTorch language model, not only ours: --model=MODULE:FACTORY, where MODULE is a .py
 file or a dotted import path (from the current directory) and FACTORY a function of no
 arguments that returns an nn.Module mapping token ids (B, T) to logits (B, T, vocab): a
 tensor, a tuple or list that starts with one, or an object with .logits (HF's ModelOutput).
 
-    python check_causal.py --model=my_models.py:tiny_gpt2              # HF, x-transformers, your own
+    python check_causal.py --model=my_models.py:tiny_gpt2              # HF, x-transformers, yours
     python check_causal.py --model=my_models.py:gpt2,my_models.py:bert # several, in one process
     python check_causal.py --model=mypackage.models:build --block_size=64 --probe
 
 The model is checked as the factory builds it, at its own sizes (16 positions spread over T;
 --positions=0 for every one), with the same two exact checks in eval and train mode and the
-same probe (on a fresh model from the factory, at its own init). The vocabulary and the length
-come from --vocab_size and --block_size, else from the model (config.vocab_size; config.n_positions,
-max_position_embeddings, block_size or max_seq_len, in its config or on itself), the vocabulary
-else from the logits' size. The token embeddings, for the gradient check, are the model's
+same probe (on a fresh model from the factory, at its own init). The length T comes from
+--block_size, else from the model's config (n_positions, max_position_embeddings, block_size or
+max_seq_len, in its config or on itself), else from the model itself (a square mask buffer, a
+position table: an nn.Embedding that is not the token one), else it is 64; where the forward
+fails at T, shorter lengths are tried and the longest that works is checked. The first line of
+each model's report says which. The vocabulary comes from --vocab_size, config.vocab_size, else
+the logits' size. The token embeddings, for the gradient check, are the model's
 get_input_embeddings() (HF's way), else its one nn.Embedding with a row per token, else the
 module --embedding=ATTR.PATH names. In train mode every forward starts from the same random
 state, so dropout draws the same masks and the checks stay exact. Exit status 2 also means a
-model the tool cannot read; the message says what it expected.
+model the tool cannot read (one that fails at every length, say); the message says what it
+expected.
 """
 
 import contextlib
@@ -69,9 +73,10 @@ from lib.cli import ConfigError, UserError
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
     batch=2,  # sequences per forward pass in the exact checks
-    positions=0,  # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
+    # positions changed and differentiated per check, spread over T; 0 = all (16 with full_size)
+    positions=0,
     probe=False,  # also train the reversal probe
-    probe_length=16,  # n, digits per probe sequence: the probe model's block_size (the notebook's: 16)
+    probe_length=16,  # n, digits per probe sequence: the probe's block_size (the notebook's: 16)
     probe_vocab=10,  # digits 0..probe_vocab-1 (the notebook's: 10)
     probe_seconds=60.0,  # how long the probe trains
     probe_steps=0,  # train this many steps instead, when > 0
@@ -80,24 +85,35 @@ CHECK_DEFAULTS = dict(
 )
 # with --model=MODULE:FACTORY: the model comes from the factory, at its own sizes
 MODEL_DEFAULTS = dict(
-    model="",  # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks each
-    vocab_size=0,  # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
-    block_size=0,  # T of the checks (and a shorter T); 0 = the model's config.n_positions, max_position_embeddings, ...
-    embedding="",  # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
+    # MODULE:FACTORY, e.g. my_models.py:tiny_gpt2 or mypackage.models:build; a comma list checks
+    # each
+    model="",
+    # token ids drawn from 0..vocab_size-1; 0 = the model's config.vocab_size, else its logits' size
+    vocab_size=0,
+    # T of the checks (and a shorter T); 0 = found: the model's config (n_positions, ...), else its
+    # mask buffer or position table, else 64; a T where the forward fails backs off to a shorter one
+    block_size=0,
+    # ATTR.PATH of the module whose output is the token embeddings, when the tool cannot tell
+    embedding="",
     keep_weights=False,  # check the model's own weights, not weights drawn afresh
     seed=1337,  # the random weights, tokens and dropout masks
-    **{key: value for key, value in CHECK_DEFAULTS.items() if key != "full_size"},  # always at the model's own size
+    # the checker's keys but full_size: a model of a factory is always checked at its own size
+    **{key: value for key, value in CHECK_DEFAULTS.items() if key != "full_size"},
 )
-MODEL_DEFAULTS["positions"] = 16  # as --full_size: a forward and a backward per position at the model's own size
+# as --full_size: a forward and a backward per position at the model's own size
+MODEL_DEFAULTS["positions"] = 16
 SWITCHES = dict(full_size=True, probe=True, keep_weights=True)  # `--probe` alone means --probe=True
-LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")  # where models say their T
+# the fields in which models say their length T
+LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")
+DEFAULT_LENGTH = 64  # T of a model that gives none (ALiBi, rotary, a convolution, a mixer)
+LENGTH_STEPS = 4  # lengths tried one by one below one the forward fails at, before halving
 
 CHECK_WIDTH = 48  # n_embd of the shrunk model: the nearest multiple of the head counts
 CHECK_BLOCK_SIZE = 24
 CHECK_VOCAB = 64
 CHECK_LAYERS = 2  # per stack; future attention keeps its baseline layers before and after
 TOLERANCE = 1e-9  # float64: a causal model changes nothing; rounding would be ~1e-15
-ONE_THREAD_BELOW = 1_000_000  # parameters of a --model below which one thread runs the checks fastest
+ONE_THREAD_BELOW = 1_000_000  # parameters of a --model below which one thread runs the checks best
 PROBE_EVAL = 1024  # fresh sequences the probe's accuracy is measured on
 PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
 
@@ -112,7 +128,8 @@ def parse_args(argv):
     argv = configurator.normalize(argv, SWITCHES)
     paths = [a for a in argv if not a.startswith("--")]
     if len(paths) != 1:
-        raise ConfigError("give one config file, e.g. `python check_causal.py config/future50_mse.py`")
+        raise ConfigError("give one config file, e.g. "
+                          "`python check_causal.py config/future50_mse.py`")
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
     own = {k: v for k, v in overrides.items() if k in CHECK_DEFAULTS}
@@ -120,7 +137,8 @@ def parse_args(argv):
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
     check_least(check)
     # the config file alone (with the flags' model_type): what "original → checked" reports
-    original = train.get_config(paths + [f for f in train_flags if f.startswith("--model_type=")])
+    model_type_flags = [f for f in train_flags if f.startswith("--model_type=")]
+    original = train.get_config(paths + model_type_flags)
     config = train.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
 
@@ -165,7 +183,8 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     C = pick("block_size", block_size)
     if model_type == "future_attn":
         if config["future_dim"] is not None:
-            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))  # C0 >= 2: GPTConfig checks it
+            # C0 >= 2: GPTConfig checks it
+            scaled = round(config["future_dim"] * (C - 1) / (C0 - 1))
             pick("future_dim", min(max(scaled, 1), C - 1))
         start0, end0 = config["start_layer"], config["end_layer"] or L0
         before, after = int(start0 > 1), int(end0 < L0)
@@ -176,12 +195,14 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
     else:
         L = pick("n_layer", min(L0, CHECK_LAYERS))
         if model_type == "encdec":
-            depths = {key: config[key] or config["n_layer"] for key in ("n_layer_encoder", "n_layer_decoder")}
+            depths = {key: config[key] or config["n_layer"]
+                      for key in ("n_layer_encoder", "n_layer_decoder")}
             deepest = max(depths.values())
             for key, depth in depths.items():
                 if config[key] is None and (depth == deepest or "n_layer" in fixed):
                     continue  # None is n_layer: the shrunk one (or the user's)
-                # the deeper stack (both, when equal) gets L layers, a shallower one fewer, at least 1
+                # the deeper stack (both, when equal) gets L layers, a shallower one fewer, at
+                # least 1
                 pick(key, L if depth == deepest else max(1, min(L - 1, round(depth * L / deepest))))
     return sizes
 
@@ -212,10 +233,11 @@ class Leak:
 
     def __str__(self):
         if self.how == "perturbation":
-            return (f"LEAK: logits at position {self.position} change by {self.amount:.3g} when the "
-                    f"token at position {self.later} changes ({self.setting})")
-        return (f"LEAK: the gradient of the logits at position {self.position} with respect to the "
-                f"token embedding at position {self.later} is {self.amount:.3g}, not 0 ({self.setting})")
+            return (f"LEAK: logits at position {self.position} change by {self.amount:.3g} "
+                    f"when the token at position {self.later} changes ({self.setting})")
+        return (f"LEAK: the gradient of the logits at position {self.position} with respect to "
+                f"the token embedding at position {self.later} is {self.amount:.3g}, not 0 "
+                f"({self.setting})")
 
 
 class CheckError(UserError):
@@ -250,8 +272,8 @@ def logits_of(model, idx, targets):
     torch.manual_seed(0)
     logits, _, _ = model(idx, targets)
     if not torch.isfinite(logits).all():  # NaN compares as no change: it would pass any check
-        raise CheckError("the logits are not all finite, so no change in them can be measured (with --model, "
-                         "--keep_weights=True keeps the model's own weights)")
+        raise CheckError("the logits are not all finite, so no change in them can be measured "
+                         "(with --model, --keep_weights=True keeps the model's own weights)")
     return logits
 
 
@@ -281,17 +303,19 @@ def perturbation_check(model, idx, targets, vocab_size, setting, positions=0):
                 changed_idx[:, p] = (idx[:, p] + 1) % vocab_size
             changed_targets[:, p - 1] = (targets[:, p - 1] + 1) % vocab_size
             logits = logits_of(model, changed_idx, changed_targets)
-            change = (logits - reference).abs().amax(dim=(0, 2))  # (T,): largest change per position
+            # (B, T, vocab) -> (T,): the largest change at each position
+            change = (logits - reference).abs().amax(dim=(0, 2))
             worst_earlier = max(worst_earlier, change[:p].max().item())
             if p < T:
                 least_own = min(least_own, change[p].item())
             leaking = (change[:p] > TOLERANCE * scale).nonzero()
             if len(leaking):
                 i = leaking[0].item()
-                return Leak("perturbation", i, p, change[i].item(), setting), worst_earlier, least_own
+                leak = Leak("perturbation", i, p, change[i].item(), setting)
+                return leak, worst_earlier, least_own
     if least_own == 0.0:
-        raise CheckError(f"changing a token left the logits at its own position unchanged ({setting}): "
-                         f"the check cannot see this model's inputs")
+        raise CheckError(f"changing a token left the logits at its own position unchanged "
+                         f"({setting}): the check cannot see this model's inputs")
     return None, worst_earlier, least_own
 
 
@@ -304,17 +328,20 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
     Returns (the first leak or None, the largest gradient found after a position)."""
     captured = []
 
-    def as_leaf(module, inputs, output):  # the token embeddings become a leaf we can differentiate by
+    def as_leaf(module, inputs, output):
+        # the token embeddings become a leaf we can differentiate by
         if not isinstance(output, torch.Tensor) or output.shape[:2] != idx.shape:
-            raise CheckError(f"the token embedding {type(module).__name__} returned {described(output)}, not "
-                             f"embeddings (B, T, ...) of the ids {tuple(idx.shape)}; name the module that embeds the "
-                             f"tokens with --embedding=ATTR.PATH")
+            raise CheckError(f"the token embedding {type(module).__name__} returned "
+                             f"{described(output)}, not embeddings (B, T, ...) of the ids "
+                             f"{tuple(idx.shape)}; name the module that embeds the tokens with "
+                             f"--embedding=ATTR.PATH")
         captured.append(output.detach().requires_grad_())
         return captured[-1]
 
     if embedding is None:
         if not hasattr(model, "transformer") or "wte" not in model.transformer:
-            raise CheckError("the gradient check needs the token embedding at model.transformer.wte")
+            raise CheckError("the gradient check needs the token embedding at "
+                             "model.transformer.wte")
         embedding = model.transformer.wte
     hook = embedding.register_forward_hook(as_leaf)
     try:
@@ -322,23 +349,26 @@ def gradient_check(model, idx, targets, setting, positions=0, embedding=None):
     finally:
         hook.remove()
     if not captured:
-        raise CheckError(f"the token embedding was not called in the forward ({setting}); name the module "
-                         f"that embeds the tokens with --embedding=ATTR.PATH")
+        raise CheckError(f"the token embedding was not called in the forward ({setting}); name "
+                         f"the module that embeds the tokens with --embedding=ATTR.PATH")
     T = idx.size(1)
     g = torch.Generator().manual_seed(1)
     worst = 0.0
     checked = spread(positions, 0, T - 1)
     for i in checked:
         direction = torch.randn(logits[:, i].shape, generator=g, dtype=logits.dtype)
-        # every call of the embedding counts (a model may embed twice); one it does not use has no gradient
-        grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured, retain_graph=i < checked[-1],
-                                    allow_unused=True)
-        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2)) for grad in grads if grad is not None),
-                           torch.zeros(T, dtype=logits.dtype))  # (T,)
+        # every call of the embedding counts (a model may embed twice); one it does not use has
+        # no gradient
+        grads = torch.autograd.grad((logits[:, i] * direction).sum(), captured,
+                                    retain_graph=i < checked[-1], allow_unused=True)
+        # each call's (B, T, ...) -> (T,): the largest gradient at each position, summed
+        per_position = sum((grad.abs().reshape(*idx.shape, -1).amax(dim=(0, 2))
+                            for grad in grads if grad is not None),
+                           torch.zeros(T, dtype=logits.dtype))
         own = per_position[:i + 1].max().item()
         if own == 0.0:
-            raise CheckError(f"the logits at position {i} have no gradient from any token embedding "
-                             f"({setting}): the check cannot see this model's inputs")
+            raise CheckError(f"the logits at position {i} have no gradient from any token "
+                             f"embedding ({setting}): the check cannot see this model's inputs")
         after = per_position[i + 1:]
         if len(after):
             worst = max(worst, after.max().item())
@@ -364,10 +394,12 @@ def check(model_type, model_args, batch=2, positions=0, seed=0, log=print):
     """Runs every exact check; returns the first leak or None. Prints one line per setting."""
     model = build(model_type, model_args, seed)
     runs = settings_of(model_type, model_args["block_size"], model_args.get("future_kv", "learned"))
-    return check_settings(model, runs, model_args["vocab_size"], batch=batch, positions=positions, seed=seed, log=log)
+    return check_settings(model, runs, model_args["vocab_size"], batch=batch, positions=positions,
+                          seed=seed, log=log)
 
 
-def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0, seed=0, log=print):
+def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0, seed=0,
+                   log=print):
     """The exact checks of model, one (mode, T, impl) of settings_of after another; returns
     the first leak or None."""
     g = torch.Generator().manual_seed(seed)
@@ -380,7 +412,8 @@ def check_settings(model, runs, vocab_size, embedding=None, batch=2, positions=0
         idx, targets = tokens[:, :-1], tokens[:, 1:]  # targets: the next tokens, as in training
         t0 = time.perf_counter()
         try:
-            leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting, positions)
+            leak, earlier, own = perturbation_check(model, idx, targets, vocab_size, setting,
+                                                    positions)
         except ValueError as e:
             if mode == "eval":
                 raise
@@ -434,7 +467,8 @@ def above_chance(accuracy, samples, chance):
 def probe(model_type, model_args, options, seed=0, log=print):
     """Trains on the reversal task; returns a dict of accuracies and the verdict."""
     torch.manual_seed(seed)
-    model = settings.build_model(model_type, model_args)  # its own init, float32: a real training run
+    # its own init, float32: a real training run
+    model = settings.build_model(model_type, model_args)
     optimizer = model.configure_optimizers(0.0, options["probe_lr"], (0.9, 0.98), "cpu")
     return train_probe(model, optimizer, options, seed=seed, log=log)
 
@@ -444,7 +478,8 @@ def train_probe(model, optimizer, options, seed=0, log=print):
     task; returns a dict of accuracies and the verdict."""
     n, V = options["probe_length"], options["probe_vocab"]
     g = torch.Generator().manual_seed(seed)
-    eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, torch.Generator().manual_seed(seed + 1))
+    eval_generator = torch.Generator().manual_seed(seed + 1)
+    eval_idx, eval_targets = reversal_batch(PROBE_EVAL, n, V, eval_generator)
     model.train()
     t0, step, last_log = time.time(), 0, time.time()
     while True:
@@ -465,12 +500,14 @@ def train_probe(model, optimizer, options, seed=0, log=print):
     unseen_samples = len(eval_idx) * unseen_positions(n).sum().item()
     seen_samples = len(eval_idx) * n - unseen_samples
     chance = 1.0 / V
-    result["causal_best"] = (unseen_samples * chance + seen_samples) / (unseen_samples + seen_samples)
+    samples = unseen_samples + seen_samples
+    result["causal_best"] = (unseen_samples * chance + seen_samples) / samples
     for mode in ("eval", "train"):
         first, second = probe_accuracy(model, eval_idx, eval_targets, training=mode == "train")
-        result[mode] = dict(first=first, second=second, overall=(first * unseen_samples + second * seen_samples)
-                            / (unseen_samples + seen_samples))
-    leaky = [m for m in ("eval", "train") if above_chance(result[m]["first"], unseen_samples, chance)]
+        overall = (first * unseen_samples + second * seen_samples) / samples
+        result[mode] = dict(first=first, second=second, overall=overall)
+    leaky = [m for m in ("eval", "train")
+             if above_chance(result[m]["first"], unseen_samples, chance)]
     learned = above_chance(result["eval"]["second"], seen_samples, chance)
     result["verdict"] = "leak" if leaky else "causal" if learned else "inconclusive"
     result["leaky_modes"] = leaky
@@ -479,23 +516,27 @@ def train_probe(model, optimizer, options, seed=0, log=print):
 
 def report_probe(result, V, log=print):
     chance = 1.0 / V
-    log(f"  after {result['steps']} steps ({result['seconds']:.0f} s), accuracy on {PROBE_EVAL} fresh sequences:")
+    log(f"  after {result['steps']} steps ({result['seconds']:.0f} s), accuracy on {PROBE_EVAL} "
+        f"fresh sequences:")
     log(f"    {'':10s} {'first half':>11s} {'second half':>12s} {'overall':>8s}")
     for mode in ("eval", "train"):
         r = result[mode]
         log(f"    {mode + ' mode':10s} {r['first']:11.1%} {r['second']:12.1%} {r['overall']:8.1%}")
-    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {'~' + format(result['causal_best'], '.0%'):>8s}"
+    causal_best = "~" + format(result["causal_best"], ".0%")
+    log(f"    {'causal':10s} {chance:11.1%} {'up to 100%':>12s} {causal_best:>8s}"
         f"   (the best a causal model can do)")
     log(f"    {'leaky':10s} {'up to 100%':>11s} {'up to 100%':>12s} {'~100%':>8s}")
     if result["verdict"] == "leak":
         mode = result["leaky_modes"][0]
-        log(f"LEAK: the model predicts the first half at {result[mode]['first']:.1%} ({mode} mode), "
-            f"far above chance ({chance:.0%}): it sees the future")
+        log(f"LEAK: the model predicts the first half at {result[mode]['first']:.1%} "
+            f"({mode} mode), far above chance ({chance:.0%}): it sees the future")
     elif result["verdict"] == "causal":
-        log(f"causal: accuracy on the first half is at chance ({result['eval']['first']:.1%}), as it must be")
+        log(f"causal: accuracy on the first half is at chance ({result['eval']['first']:.1%}), "
+            f"as it must be")
     else:
-        log(f"inconclusive: the model has not learned even the second half ({result['eval']['second']:.1%}); "
-            f"train longer (--probe_seconds, --probe_steps) or raise --probe_lr")
+        log(f"inconclusive: the model has not learned even the second half "
+            f"({result['eval']['second']:.1%}); train longer (--probe_seconds, --probe_steps) or "
+            f"raise --probe_lr")
 
 
 # --------------------------------------------------------------------------------------
@@ -529,19 +570,22 @@ def read_logits(output, idx):
     if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == idx.shape:
         return logits
     B, T = idx.shape
-    raise CheckError(f"expected logits ({B}, {T}, vocab) at every position for token ids ({B}, {T}): a tensor, "
-                     f"a tuple or list that starts with one, or an object with .logits; the model returned "
-                     f"{described(output)}")
+    raise CheckError(f"expected logits ({B}, {T}, vocab) at every position for token ids "
+                     f"({B}, {T}): a tensor, a tuple or list that starts with one, or an object "
+                     f"with .logits; the model returned {described(output)}")
 
 
 def described(output):
-    """What a model returned, in words: 'a tuple whose first element is a tensor of shape (2, 1, 65)'."""
+    """What a model returned, in words: 'a tuple whose first element is a tensor of shape
+    (2, 1, 65)'."""
     if isinstance(output, torch.Tensor):
         return f"a tensor of shape {tuple(output.shape)}"
     if hasattr(output, "logits"):
         return f"a {type(output).__name__} whose .logits is {described(output.logits)}"
+    if isinstance(output, (tuple, list)) and not output:
+        return "an empty one"
     if isinstance(output, (tuple, list)):
-        return f"a {type(output).__name__} whose first element is {described(output[0])}" if output else "an empty one"
+        return f"a {type(output).__name__} whose first element is {described(output[0])}"
     return f"a {type(output).__name__}"
 
 
@@ -554,9 +598,15 @@ def blamed_on_the_model(doing):
     except UserError:
         raise
     except Exception as e:
-        text = (e.msg if isinstance(e, SyntaxError) else str(e)).strip()  # a SyntaxError's str() repeats where
-        message = text.splitlines()[0] if text else ""
-        raise CheckError(f"{doing} failed: {type(e).__name__}{': ' + message if message else ''} ({where(e)})") from e
+        raise CheckError(f"{doing} failed: {in_one_line(e)}") from e
+
+
+def in_one_line(error):
+    """'RuntimeError: what it says (file, line N)': the first line of an error, and where."""
+    # a SyntaxError's str() repeats where it is; its msg does not
+    text = (error.msg if isinstance(error, SyntaxError) else str(error)).strip()
+    message = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}{': ' + message if message else ''} ({where(error)})"
 
 
 def where(error):
@@ -564,7 +614,8 @@ def where(error):
     (in the user's file, usually), else of the innermost frame."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}, line {error.lineno}"
-    libraries = ("<", os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(torch.__file__)), __file__)
+    site_packages = os.path.dirname(os.path.dirname(torch.__file__))
+    libraries = ("<", os.path.dirname(os.__file__), site_packages, __file__)
     frames = traceback.extract_tb(error.__traceback__)
     own = [frame for frame in frames if not frame.filename.startswith(libraries)]
     frame = (own or frames)[-1]
@@ -581,11 +632,13 @@ def import_module_or_file(name):
             return importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name and (name == e.name or name.startswith(e.name + ".")):
-                raise ConfigError(f"no module {name} from {os.getcwd()} or sys.path: MODULE is a dotted import "
-                                  f"path (mypackage.models) or a .py file (path/to/my_models.py)") from None
+                raise ConfigError(f"no module {name} from {os.getcwd()} or sys.path: MODULE is a "
+                                  f"dotted import path (mypackage.models) or a .py file "
+                                  f"(path/to/my_models.py)") from None
             raise
     if not os.path.isfile(name):
-        raise ConfigError(f"no file {name}: MODULE is a .py file (path/to/my_models.py) or a dotted import path")
+        raise ConfigError(f"no file {name}: MODULE is a .py file (path/to/my_models.py) or a "
+                          f"dotted import path")
     path = os.path.abspath(name)
     stem = os.path.splitext(os.path.basename(path))[0]
     loaded = sys.modules.get(stem)
@@ -621,8 +674,8 @@ def build_from(spec, factory, seed):
     with blamed_on_the_model(f"{spec.rpartition(':')[2]}()"):
         model = factory()
     if not isinstance(model, torch.nn.Module):
-        raise CheckError(f"{spec}: expected the factory to return a torch.nn.Module that maps token ids (B, T) "
-                         f"to logits (B, T, vocab), got {described(model)}")
+        raise CheckError(f"{spec}: expected the factory to return a torch.nn.Module that maps "
+                         f"token ids (B, T) to logits (B, T, vocab), got {described(model)}")
     return model
 
 
@@ -645,57 +698,177 @@ def token_embedding(model, vocab_size, path):
     else get_input_embeddings() (HF's way), else the one nn.Embedding with vocab_size rows."""
     names = {module: name for name, module in model.named_modules()}
     embeddings = [name for module, name in names.items() if isinstance(module, torch.nn.Embedding)]
-    listed = f"its nn.Embedding modules: {', '.join(embeddings)}" if embeddings else "it has no nn.Embedding"
+    listed = "it has no nn.Embedding"
+    if embeddings:
+        listed = f"its nn.Embedding modules: {', '.join(embeddings)}"
     if path:
         try:
             return model.get_submodule(path), f"--embedding={path}"
         except AttributeError:
-            raise ConfigError(f"--embedding={path}: the model has no module {path}; {listed}") from None
-    get_input_embeddings = getattr(model, "get_input_embeddings", None)
-    if callable(get_input_embeddings):
-        with contextlib.suppress(NotImplementedError):
-            module = get_input_embeddings()
-            if module in names:
-                return module, f"{names[module]}, its get_input_embeddings()"
+            raise ConfigError(f"--embedding={path}: the model has no module {path}; "
+                              f"{listed}") from None
+    module = input_embeddings(model)
+    if module is not None:
+        return module, f"{names[module]}, its get_input_embeddings()"
     rows = [name for name in embeddings if model.get_submodule(name).num_embeddings == vocab_size]
     if len(rows) == 1:
         return model.get_submodule(rows[0]), f"{rows[0]}, the one nn.Embedding of {vocab_size} rows"
     raise CheckError(f"cannot tell which module embeds the tokens: no get_input_embeddings() and "
-                     f"{len(rows) or 'no'} nn.Embedding of {vocab_size} rows ({listed}); name the module whose "
-                     f"output is the token embeddings with --embedding=ATTR.PATH")
+                     f"{len(rows) or 'no'} nn.Embedding of {vocab_size} rows ({listed}); name the "
+                     f"module whose output is the token embeddings with --embedding=ATTR.PATH")
+
+
+def input_embeddings(model):
+    """The module model.get_input_embeddings() (HF's way) returns, when it is one of the model's;
+    else None."""
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(get_input_embeddings):
+        with contextlib.suppress(NotImplementedError):
+            module = get_input_embeddings()
+            if any(module is own for own in model.modules()):
+                return module
+    return None
+
+
+def mask_buffers(model):
+    """[(name, T)] of the buffers that hold one square mask (T, T), every leading size 1: bool,
+    or of two values (1 and 0, 0 and -inf), as nanoGPT's causal `bias` is."""
+    found = []
+    for name, buffer in model.named_buffers():
+        T = buffer.size(-1) if buffer.dim() >= 2 else 0
+        one_square = T >= 2 and buffer.size(-2) == T and buffer.numel() == T * T
+        if one_square and (buffer.dtype == torch.bool or buffer.unique().numel() <= 2):
+            found.append((name, T))
+    return found
+
+
+def position_tables(model, vocab_size):
+    """[(name, rows)] of the nn.Embedding modules that are not the token embedding: neither
+    get_input_embeddings() nor of vocab_size rows (any, when vocab_size is None)."""
+    tokens = input_embeddings(model)
+    return [(name, module.num_embeddings) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Embedding) and module is not tokens
+            and module.num_embeddings != vocab_size]
+
+
+def length_in_the_model(model, vocab_size):
+    """(T, where it was found) from the model's own modules: the largest of its square mask
+    buffers and position tables (a table of token types, say, is smaller); (None, None) when
+    it has neither."""
+    masks = [(T, f"mask buffer {name} ({T}×{T})") for name, T in mask_buffers(model)]
+    tables = [(T, f"position table {name} (an nn.Embedding of {T} rows)")
+              for name, T in position_tables(model, vocab_size)]
+    if not masks + tables:
+        return None, None
+    T = max(size for size, _ in masks + tables)
+    # the first of each kind that says T, so that a mask and a table that agree are both named
+    named = [next((what for size, what in kind if size == T), None) for kind in (masks, tables)]
+    return T, "its " + " and ".join(what for what in named if what)
+
+
+def vocabulary_of_a_forward(checked, model):
+    """The logits' last size: which nn.Embedding holds the tokens, when nothing else says, is
+    the one with a row per logit. The forward runs at T=2, else at the size of each table and
+    mask, shortest first (a model may run at one length only); None if it fails at all."""
+    sizes = [T for _, T in mask_buffers(model) + position_tables(model, None)]
+    for T in sorted({2, *sizes}):
+        if forward_error(checked, T) is None:
+            return logits_of(checked, torch.zeros(1, T, dtype=torch.long), None).size(-1)
+    return None
+
+
+def forward_error(model, T):
+    """The error of a forward of token ids (1, T) through model (a FactoryModel in eval mode),
+    or None when it works. An error of ours (logits the checks cannot read) is raised."""
+    try:
+        logits_of(model, torch.zeros(1, T, dtype=torch.long), None)
+    except UserError:
+        raise
+    except Exception as e:
+        return e
+    return None
+
+
+def lengths_to_try(T):
+    """T, then T-1 .. T-LENGTH_STEPS (an offset: RoBERTa-style position ids start at
+    padding_idx + 1, so max_position_embeddings is 2 more than the longest input), then T
+    halved and halved again, down to 2."""
+    tries = [length for length in range(T, T - LENGTH_STEPS - 1, -1) if length >= 2]
+    half = T // 2
+    while half >= 2:
+        if half < tries[-1]:
+            tries.append(half)
+        half //= 2
+    return tries
+
+
+def longest_working_length(spec, model, T):
+    """(the first of lengths_to_try(T) at which the forward works, the error at T or None).
+    A model that fails at every one is refused, with the first error."""
+    tries = lengths_to_try(T)
+    first_error = None
+    for length in tries:
+        error = forward_error(model, length)
+        if error is None:
+            return length, first_error
+        first_error = first_error or error
+    raise CheckError(f"{spec}: the forward of token ids (1, T) fails at every length tried, T={T} "
+                     f"down to {tries[-1]}; at T={T}: {in_one_line(first_error)}")
 
 
 def read_model(spec, options, log=print):
-    """(factory, the model ready for the checks, vocab_size, block_size, token embedding module)
-    for spec, MODULE:FACTORY; logs how each was found."""
+    """(factory, the model ready for the checks, vocab_size, the lengths to check at, token
+    embedding module) for spec, MODULE:FACTORY; logs how each was found, the length first."""
     factory = load_factory(spec)
     model = build_from(spec, factory, options["seed"])
-    log(f"{spec}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"checked at its own sizes")
-    block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
-    if block_size is None:
-        raise CheckError(f"{spec}: cannot tell the model's length: none of {', '.join(LENGTH_NAMES)} in its "
-                         f"config or on the model; give it with --block_size=T")
-    if block_size < 2:
-        raise ConfigError(f"block_size must be at least 2 for a position to have a future, got {block_size}")
     checked = FactoryModel(model).double()
     if not options["keep_weights"]:
         randomize(checked, torch.Generator().manual_seed(options["seed"]))
+    checked.eval()
     vocab_size, vocab_from = size_of(model, ("vocab_size",), options["vocab_size"], "vocab_size")
-    with blamed_on_the_model(f"{spec}: the forward of token ids (1, {block_size})"):
-        logits = logits_of(checked.eval(), torch.zeros(1, block_size, dtype=torch.long), None)
+    # the length: the flag, the config fields, the model's own tables, else a default
+    block_size, length_from = size_of(model, LENGTH_NAMES, options["block_size"], "block_size")
+    if block_size is None:
+        vocabulary = vocab_size
+        if vocabulary is None and input_embeddings(model) is None:
+            vocabulary = vocabulary_of_a_forward(checked, model)
+        block_size, length_from = length_in_the_model(model, vocabulary)
+    if block_size is None:
+        block_size = DEFAULT_LENGTH
+        length_from = ("the default: the model gives no length (no config field, mask buffer or "
+                       "position table)")
+    if block_size < 2:
+        raise ConfigError(f"block_size must be at least 2 for a position to have a future, "
+                          f"got {block_size}")
+    T, error = longest_working_length(spec, checked, block_size)
+    if T == block_size:
+        found = f"T={T} from {length_from}"
+    else:
+        found = (f"T={T}, the longest length tried that works: T={block_size}, from {length_from}, "
+                 f"fails ({in_one_line(error)})")
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"{spec}: {type(model).__name__}, {parameters:,} parameters; {found}")
+    logits = logits_of(checked, torch.zeros(1, T, dtype=torch.long), None)
     if vocab_size is None:
         vocab_size, vocab_from = logits.size(-1), "the logits' last dimension"
     embedding, embedding_from = token_embedding(model, vocab_size, options["embedding"])
-    log(f"  vocab_size {vocab_size} from {vocab_from}; block_size {block_size} from {length_from}; "
-        f"token embeddings from {embedding_from}")
-    return factory, checked, vocab_size, block_size, embedding
+    log(f"  vocab_size {vocab_size} from {vocab_from}; token embeddings from {embedding_from}")
+    lengths = [T]
+    shorter = max(2, 2 * T // 3)
+    if shorter < T:
+        error = forward_error(checked, shorter)
+        if error is None:
+            lengths.append(shorter)
+        else:
+            log(f"  T={shorter} skipped: the forward fails there ({in_one_line(error)})")
+    return factory, checked, vocab_size, lengths, embedding
 
 
 def probe_factory(spec, factory, options, log=print):
     """The reversal probe on a fresh model from factory, at its own init, float32."""
     model = FactoryModel(build_from(spec, factory, options["seed"]))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options["probe_lr"], betas=(0.9, 0.98), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options["probe_lr"], betas=(0.9, 0.98),
+                                  weight_decay=0.0)
     with blamed_on_the_model(f"{spec}: the probe"):
         return train_probe(model, optimizer, options, seed=options["seed"], log=log)
 
@@ -705,11 +878,12 @@ def parse_model_args(argv):
     argv = configurator.normalize(argv, SWITCHES)
     files = [a for a in argv if not a.startswith("--")]
     if files:
-        raise ConfigError(f"--model checks the model its factory builds: give no config file ({files[0]}) with it")
+        raise ConfigError(f"--model checks the model its factory builds: give no config file "
+                          f"({files[0]}) with it")
     _, overrides = configurator.parse(argv)
     if "full_size" in overrides:
-        raise ConfigError("--model checks the model at its own sizes already: drop --full_size (--positions sets "
-                          "how many positions are changed)")
+        raise ConfigError("--model checks the model at its own sizes already: drop --full_size "
+                          "(--positions sets how many positions are changed)")
     options = configurator.merge(MODEL_DEFAULTS, {}, overrides)
     check_least(options)
     for key in ("vocab_size", "block_size", "positions"):
@@ -718,8 +892,8 @@ def parse_model_args(argv):
     for spec in options["model"].split(","):
         module_name, _, factory_name = spec.rpartition(":")
         if not module_name or not factory_name:
-            raise ConfigError(f"--model={spec}: write MODULE:FACTORY, e.g. --model=my_models.py:tiny_gpt2 or "
-                              f"--model=mypackage.models:build")
+            raise ConfigError(f"--model={spec}: write MODULE:FACTORY, e.g. "
+                              f"--model=my_models.py:tiny_gpt2 or --model=mypackage.models:build")
     return options
 
 
@@ -727,28 +901,31 @@ def check_models(argv):
     """The exact checks (and the probe) of each model of --model; exit status 0, 1 or 2."""
     options = parse_model_args(argv)
     specs = options["model"].split(",")
-    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
-    weights = "the model's own weights" if options["keep_weights"] else "random weights (every parameter)"
-    print(f"float64 on the CPU, {weights}, batch {options['batch']}, {which}, seed {options['seed']}")
+    weights = "random weights (every parameter)"
+    if options["keep_weights"]:
+        weights = "the model's own weights"
+    print(what_the_checks_do(weights, options["batch"], options["positions"], options["seed"]))
     failed, threads = [], torch.get_num_threads()
     for spec in specs:
-        factory, model, vocab_size, block_size, embedding = read_model(spec, options)
+        factory, model, vocab_size, lengths, embedding = read_model(spec, options)
         n, V = options["probe_length"], options["probe_vocab"]
-        if options["probe"] and (n > block_size or V > vocab_size):
-            raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and vocab_size >= {V}; "
-                              f"the model has {block_size} and {vocab_size}: lower --probe_length or --probe_vocab")
+        if options["probe"] and (n > lengths[0] or V > vocab_size):
+            raise ConfigError(f"the probe's {n} digits 0..{V - 1} need block_size >= {n} and "
+                              f"vocab_size >= {V}; the model has {lengths[0]} and {vocab_size}: "
+                              f"lower --probe_length or --probe_vocab")
         # tensors this small keep one core busy; more threads only wait
-        torch.set_num_threads(1 if sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW else threads)
+        small = sum(p.numel() for p in model.parameters()) < ONE_THREAD_BELOW
+        torch.set_num_threads(1 if small else threads)
+        runs = [(mode, T, None) for mode in ("eval", "train") for T in lengths]
         t0 = time.perf_counter()
         with blamed_on_the_model(f"{spec}: a forward or backward of the checks"):
-            leak = check_settings(model, settings_of(None, block_size), vocab_size, embedding,
-                                  batch=options["batch"], positions=options["positions"], seed=options["seed"])
+            leak = check_settings(model, runs, vocab_size, embedding, batch=options["batch"],
+                                  positions=options["positions"], seed=options["seed"])
         if leak:
             print(leak)
             failed.append(spec)
             continue
-        print(f"causal: no logit depends on a later token (each token changed in turn, and by gradient), in eval "
-              f"and train mode [the checks: {time.perf_counter() - t0:.1f} s]")
+        print(f"{CAUSAL} [the checks: {time.perf_counter() - t0:.1f} s]")
         if options["probe"]:
             print(f"probe: reversal of {n} digits 0..{V - 1}, the factory's model at its own init")
             result = probe_factory(spec, factory, options)
@@ -761,6 +938,17 @@ def check_models(argv):
     return 1 if failed else 0
 
 
+CAUSAL = "causal: no logit depends on a later token in the checks above"
+
+
+def what_the_checks_do(weights, batch, positions, seed):
+    """The one line that says what every exact check does; CAUSAL, the verdict, refers to it."""
+    which = f"{positions} positions spread over T" if positions else "every position"
+    return (f"each check, in float64 on the CPU with {weights}, batch {batch}, seed {seed}: at "
+            f"{which}, change the token (no earlier logit may move) and take the gradient of the "
+            f"logits (no later token embedding may have one)")
+
+
 # --------------------------------------------------------------------------------------
 
 
@@ -769,7 +957,8 @@ def plan(options, original, config, user_keys):
     if options["full_size"]:
         sizes = {} if "dropout" in user_keys else dict(dropout=0.0)
         if "positions" not in user_keys:
-            options["positions"] = 16  # a forward and a backward per position: minutes at the write-ups' sizes
+            # a forward and a backward per position: minutes at the write-ups' sizes
+            options["positions"] = 16
     else:
         sizes = shrunk_sizes(original, config, fixed=user_keys,
                              block_size=min(original["block_size"], CHECK_BLOCK_SIZE),
@@ -789,8 +978,10 @@ def main(argv):
     --model, a model the tool cannot read)."""
     if configurator.wants_help(argv):
         model_keys = "\n".join(f"  --{key}={value!r}" for key, value in MODEL_DEFAULTS.items())
-        print(configurator.usage(__doc__, CHECK_DEFAULTS) + "\nand every key of train.py (python train.py --help)"
-              + f"\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n{model_keys}")
+        print(configurator.usage(__doc__, CHECK_DEFAULTS)
+              + "\nand every key of train.py (python train.py --help)"
+              + "\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n"
+              + model_keys)
         return 0
     if any(arg.startswith("--model=") for arg in configurator.normalize(argv, SWITCHES)):
         return check_models(argv)
@@ -806,19 +997,19 @@ def main(argv):
     if options["full_size"]:
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")
     else:
-        print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): {changes or 'nothing'}")
-    which = f"{options['positions']} positions spread over T" if options["positions"] else "every position"
-    print(f"float64 on the CPU, random weights (every parameter), batch {options['batch']}, {which}, "
-          f"seed {config['seed']}")
+        print(f"shrunk to run in seconds (--full_size=True checks the config's own sizes): "
+              f"{changes or 'nothing'}")
+    print(what_the_checks_do("random weights (every parameter)", options["batch"],
+                             options["positions"], config["seed"]))
     leak = check(model_type, model_args, batch=options["batch"], positions=options["positions"],
                  seed=config["seed"])
     if leak:
         print(leak)
         return 1
-    print("causal: no logit depends on a later token (each token changed in turn, and by gradient), "
-          "in eval and train mode")
+    print(CAUSAL)
     if probe_args:
-        print(f"probe: reversal of {options['probe_length']} digits 0..{options['probe_vocab'] - 1}; {probe_changes}")
+        print(f"probe: reversal of {options['probe_length']} digits "
+              f"0..{options['probe_vocab'] - 1}; {probe_changes}")
         result = probe(model_type, probe_args, options, seed=config["seed"])
         report_probe(result, options["probe_vocab"])
         if result["verdict"] != "causal":

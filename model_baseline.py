@@ -39,16 +39,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        B, T, C = x.size()
+        B, T, d = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         # softmax(q k^T / sqrt(hs)) v over keys j <= i; dropout only while training
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        y = y.transpose(1, 2).contiguous().view(B, T, d)  # re-assemble the heads
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -110,7 +110,8 @@ class GPTConfig:
     n_embd: int = 160  # d, the residual width; head size hs = d / H
     dropout: float = 0.0  # the write-ups use 0.0 (0.2 in the dropout baseline)
     bias: bool = False  # biases in Linear and LayerNorm; the write-ups use none
-    sub_pos: str = "no"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; no (the encdec's best: yes)
+    # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; no (the encdec's best: yes)
+    sub_pos: str = "no"
 
     def __post_init__(self):
         sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -158,7 +159,9 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
+        """All parameters, tied weights once, without the position table.
+
+        This is nanoGPT's count, and the one the write-ups report."""
         n_params = sum(p.numel() for p in self.parameters())
         return n_params - self.transformer.wpe.weight.numel()
 
@@ -206,7 +209,8 @@ class GPT(nn.Module):
         return 6 * self.get_num_params() + cfg.n_layer * 12 * cfg.n_embd * T
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak
+        (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -214,7 +218,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py)
+            # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature

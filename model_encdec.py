@@ -47,15 +47,15 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        B, T, C = x.size()
+        B, T, d = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        y = y.transpose(1, 2).contiguous().view(B, T, d)  # re-assemble the heads
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -106,18 +106,18 @@ class CausalCrossAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, encoder_x, decoder_x):
-        B, T, C = decoder_x.size()
+        B, T, d = decoder_x.size()
         k, v = self.c_kv(encoder_x).split(self.n_embd, dim=2)
         q = self.c_q(decoder_x)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         # the encoder ran on the same tokens, so its position j holds tokens 0..j:
         # the causal mask keeps query i off everything after i
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        y = y.transpose(1, 2).contiguous().view(B, T, d)  # re-assemble the heads
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -162,6 +162,10 @@ def is_count(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def is_non_negative(value):
+    return isinstance(value, (int, float)) and value >= 0
+
+
 def one_of(*allowed):
     """A check's test and what it must be (check_fields): one of the allowed values."""
     return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
@@ -179,7 +183,8 @@ def check_fields(config, checks):
 class GPTConfig:
     vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
     block_size: int = 200  # C, the context length (the write-ups' context_size)
-    n_layer: int = 13  # L, blocks PER STACK: L encoder + L decoder blocks, unless set apart below; 13
+    # L, blocks PER STACK: L encoder + L decoder blocks, unless set apart below; 13
+    n_layer: int = 13
     n_layer_encoder: int = None  # encoder blocks; None -> n_layer (the write-up: equal stacks)
     n_layer_decoder: int = None  # decoder blocks; None -> n_layer (the write-up: equal stacks)
     n_head: int = 5  # H, self-attention heads, encoder and decoder
@@ -193,7 +198,8 @@ class GPTConfig:
     sub_pos: str = "yes"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; yes
     embedding_loss_type: str = "mse"  # 'none', 'mse', 'cosine', 'log_cosine'; mse
     embedding_loss_coeff: float = 1.0  # scale of the embedding loss (8 with sub_pos)
-    detach: str = "encoder_out"  # what the embedding loss does not train: 'encoder_out', 'embedding', 'none'
+    # what the embedding loss does not train: 'encoder_out', 'embedding', 'none'
+    detach: str = "encoder_out"
     # LN_b on encoder_out for the loss; like LN_a below it is built whenever asked for,
     # even with no embedding loss, as in the write-up's runs (their parameter counts show it)
     ln_encoder_out: bool = True
@@ -205,7 +211,8 @@ class GPTConfig:
             ("n_embd", lambda v: v % self.n_head == 0, f"divisible by n_head ({self.n_head})")])
         for name, default in (("n_layer_encoder", self.n_layer), ("n_layer_decoder", self.n_layer),
                               ("cross_n_head", 2 * self.n_head)):
-            if getattr(self, name) is None:  # None: n_layer per stack, 2 * n_head for the cross-attention
+            # None: n_layer per stack, 2 * n_head for the cross-attention
+            if getattr(self, name) is None:
                 setattr(self, name, default)
         flags = ("bias", "ln_before_bridge", "add_pos_to_decoder", "ln_encoder_out")
         check_fields(self, [
@@ -220,7 +227,7 @@ class GPTConfig:
             ("embedding_loss_type", *one_of("none", "mse", "cosine", "log_cosine")),
             ("detach", *one_of("encoder_out", "embedding", "none")),
             ("embedding_ln", *one_of("init", "avg", "none")),
-            ("embedding_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+            ("embedding_loss_coeff", is_non_negative, "a number >= 0"),
         ])
 
 
@@ -273,7 +280,9 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
+        """All parameters, tied weights once, without the position table.
+
+        This is nanoGPT's count, and the one the write-ups report."""
         n_params = sum(p.numel() for p in self.parameters())
         return n_params - self.transformer.wpe.weight.numel()
 
@@ -329,11 +338,13 @@ class GPT(nn.Module):
         # E_avg_i = mean of E_0..E_i, as one matmul with the (T, T) averaging matrix whose
         # row i holds 1/(i+1) on columns 0..i (torch 2.11's compiler fails on cumsum here).
         # float64: exact sums whatever autocast and TF32 do to float32 matmuls; the write-up's
-        # embedding loss falls to ~1e-9, far below bf16's resolution.
+        # embedding loss falls to ~1e-9, far below bf16's resolution. Apple's MPS has no float64:
+        # float32 there.
+        exact = torch.float32 if E.device.type == "mps" else torch.float64
         T = E.size(1)
-        rows = torch.arange(1, T + 1, device=E.device, dtype=torch.float64).view(T, 1)
-        averaging = torch.ones(T, T, device=E.device, dtype=torch.float64).tril() / rows  # (T, T)
-        E_avg = (averaging @ E.double()).to(E.dtype)  # (T, T) @ (B, T, d) -> (B, T, d)
+        rows = torch.arange(1, T + 1, device=E.device, dtype=exact).view(T, 1)
+        averaging = torch.ones(T, T, device=E.device, dtype=exact).tril() / rows  # (T, T)
+        E_avg = (averaging @ E.to(exact)).to(E.dtype)  # (T, T) @ (B, T, d) -> (B, T, d)
         if cfg.embedding_ln == "avg":
             E_avg = self.transformer.ln_a(E_avg)
         return disaffinity(E_avg, encoder_out, cfg.embedding_loss_type)
@@ -360,7 +371,8 @@ class GPT(nn.Module):
         return 6 * self.get_num_params() + n_attentions * 12 * cfg.n_embd * cfg.block_size
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak
+        (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -368,7 +380,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py)
+            # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature

@@ -83,14 +83,16 @@ def joint_softmax(q, k, A_future, *, future_dim, with_target):
     future = (key > i) & (key <= i + future_dim)  # (T, C-1)
 
     # A_omni: both sets side by side under ONE softmax
-    A_omni = torch.cat([A.masked_fill(~causal, float("-inf")),
-                        (A_future * s).masked_fill(~future, float("-inf"))], dim=-1)  # (B, H, T, T+C-1)
+    A_unmasked = A.masked_fill(~causal, float("-inf"))  # (B, H, T, T)
+    A_future = (A_future * s).masked_fill(~future, float("-inf"))  # (B, H, T, C-1)
+    A_omni = torch.cat([A_unmasked, A_future], dim=-1)  # (B, H, T, T+C-1)
     P_omni = F.softmax(A_omni, dim=-1)
 
     P_star = None
     if with_target:
         # A*_omni: the REAL scores over j <= min(i + future_dim, T-1), one softmax
-        P_star = F.softmax(A.masked_fill(~(j <= i + future_dim), float("-inf")), dim=-1)  # (B, H, T, T)
+        A_star = A.masked_fill(~(j <= i + future_dim), float("-inf"))  # (B, H, T, T)
+        P_star = F.softmax(A_star, dim=-1)
     return P_omni, P_star
 
 
@@ -106,7 +108,8 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
     P_omni, P_star = future_attention_weights(q, k, K_future, K_future_bias, future_dim=future_dim,
                                               with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
-    P_unmasked, P_future = P_omni.split([T, V_future.size(1)], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
+    # (B, H, T, T) and (B, H, T, C-1)
+    P_unmasked, P_future = P_omni.split([T, V_future.size(1)], dim=-1)
 
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
     out_future = P_future @ V_future  # (B, H, T, C-1) @ (H, C-1, hs) -> (B, H, T, hs)
@@ -117,7 +120,8 @@ def future_attention(q, k, v, K_future, V_future, K_future_bias=None, V_future_b
     out_future_star = None
     if with_target:
         # out*_future: the part of P* above the diagonal, the real future keys j > i
-        out_future_star = P_star.triu(diagonal=1) @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+        # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+        out_future_star = P_star.triu(diagonal=1) @ v
     return out, out_future, out_future_star
 
 
@@ -137,9 +141,11 @@ def future_offsets(T, n_future, future_dim, device):
     return (m - i).clamp(0, future_dim - 1)
 
 
-def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None, *, block_size, with_target=False):
+def computed_future_attention_weights(q, k, K_offset, K_offset_bias=None,
+                                      *, block_size, with_target=False):
     """(P_omni, P_star) as future_attention_weights gives them, same layout, for the computed
-    future keys k_i + K_offset[o-1]: K_offset (H, future_dim, hs), K_offset_bias (H, 1, future_dim)."""
+    future keys k_i + K_offset[o-1]: K_offset (H, future_dim, hs), the optional K_offset_bias
+    (H, 1, future_dim)."""
     B, H, T, hs = q.shape
     future_dim, n_future = K_offset.size(1), block_size - 1
     # A_band[i, o-1] = q_i . (k_i + K_offset[o-1]) = q_i . k_i + q_i . K_offset[o-1]
@@ -162,27 +168,32 @@ def computed_future_attention(q, k, v, K_offset, V_offset, K_offset_bias=None, V
     """
     B, H, T, hs = q.shape
     future_dim = K_offset.size(1)
-    P_omni, P_star = computed_future_attention_weights(q, k, K_offset, K_offset_bias, block_size=block_size,
+    P_omni, P_star = computed_future_attention_weights(q, k, K_offset, K_offset_bias,
+                                                       block_size=block_size,
                                                        with_target=with_target)
     P_omni = F.dropout(P_omni, p=dropout_p, training=dropout_p > 0.0)
     n_future = P_omni.size(-1) - T
-    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)  # (B, H, T, T), (B, H, T, C-1)
+    # (B, H, T, T) and (B, H, T, C-1)
+    P_unmasked, P_future = P_omni.split([T, n_future], dim=-1)
     out_unmasked = P_unmasked @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
 
     # back from columns to offsets: P_band[i, o-1] = P_future[i, i+o-1], 0 where key i+o > C-1
     i = torch.arange(T, device=q.device).view(T, 1)
     column = i + torch.arange(future_dim, device=q.device).view(1, future_dim)  # (T, fd): i + o - 1
-    P_band = P_future.gather(-1, column.clamp(max=n_future - 1).expand(B, H, T, future_dim))  # (B, H, T, fd)
+    column_in_range = column.clamp(max=n_future - 1).expand(B, H, T, future_dim)
+    P_band = P_future.gather(-1, column_in_range)  # (B, H, T, fd)
     P_band = P_band.masked_fill(column >= block_size - 1, 0.0)
     # out_future_i = sum_o P_band[i, o-1] (v_i + V_offset[o-1])
-    out_future = P_band @ V_offset + P_band.sum(-1, keepdim=True) * v  # (B, H, T, fd) @ (H, fd, hs) -> (B, H, T, hs)
+    # (B, H, T, fd) @ (H, fd, hs) -> (B, H, T, hs), plus (B, H, T, 1) * (B, H, T, hs)
+    out_future = P_band @ V_offset + P_band.sum(-1, keepdim=True) * v
     if V_offset_bias is not None:
         out_future = out_future + V_offset_bias  # (H, 1, hs) broadcasts
     out = out_unmasked + out_future
 
     out_future_star = None
     if with_target:  # the same target as future_attention's: the real keys do not change
-        out_future_star = P_star.triu(diagonal=1) @ v  # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+        # (B, H, T, T) @ (B, H, T, hs) -> (B, H, T, hs)
+        out_future_star = P_star.triu(diagonal=1) @ v
     return out, out_future, out_future_star
 
 
@@ -209,7 +220,8 @@ class FutureAttention(nn.Module):
         self.loss_type = config.future_attn_loss_type
         self.detach_target = config.detach_future_ground_truth
         self.impl = "auto"  # which version computes the attention (set_impl)
-        H, hs, C, fd = config.n_head, config.n_embd // config.n_head, config.block_size, config.future_dim
+        H, hs = config.n_head, config.n_embd // config.n_head
+        C, fd = config.block_size, config.future_dim
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.future_kv = config.future_kv
         self.block_size = C
@@ -237,11 +249,11 @@ class FutureAttention(nn.Module):
 
     def heads(self, x):
         """q, k, v of the layer input x (B, T, d), each split into heads: (B, nh, T, hs)."""
-        B, T, C = x.size()
+        B, T, d = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         return q, k, v
 
     def attention_weights(self, x):
@@ -250,8 +262,9 @@ class FutureAttention(nn.Module):
         the future columns that queries 0..T-1 reach, up to key min(T-1+future_dim, C-1)."""
         q, k, _ = self.heads(x)
         if self.future_kv == "computed":
-            P_omni, P_star = computed_future_attention_weights(q, k, self.K_offset, self.K_offset_bias,
-                                                               block_size=self.block_size, with_target=True)
+            P_omni, P_star = computed_future_attention_weights(
+                q, k, self.K_offset, self.K_offset_bias,
+                block_size=self.block_size, with_target=True)
         else:
             P_omni, P_star = future_attention_weights(q, k, self.K_future, self.K_future_bias,
                                                       future_dim=self.future_dim, with_target=True)
@@ -264,25 +277,29 @@ class FutureAttention(nn.Module):
         on (the only one that drops out P_omni), for computed future keys (the only version of
         them) and without the kernels file; elsewhere kernels.choose picks a faster one at T = C."""
         if impl not in IMPLS:
-            raise ValueError(f"unknown future attention impl {impl!r}: use 'auto', 'readable', 'fast' or 'flex'")
+            raise ValueError(f"unknown future attention impl {impl!r}: "
+                             "use 'auto', 'readable', 'fast' or 'flex'")
         if impl in ("fast", "flex"):
             if kernels is None:
-                raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside model_future_attn.py; "
-                                 f"use impl='readable' or 'auto'")
+                raise ValueError(f"impl={impl!r} needs future_attn_kernels.py beside "
+                                 "model_future_attn.py; use impl='readable' or 'auto'")
             kernels.check_impl(impl, self.future_kv, getattr(self, "K_future_bias", None))
         self.impl = impl
 
     def forward(self, x, with_target=False):
         """Returns (y, future_attn_loss); the loss is None unless with_target."""
-        B, T, C = x.size()
+        B, T, d = x.size()
         q, k, v = self.heads(x)
         dropout_p = self.dropout if self.training else 0.0
         faster = self.impl != "readable" and self.future_kv == "learned" and kernels is not None
-        impl = kernels.choose(self.impl, q, self.K_future, self.K_future_bias, dropout_p) if faster else "readable"
-        if impl != "readable":  # the same function, faster: blocked on a CPU, FlexAttention on a GPU
+        impl = "readable"
+        if faster:
+            impl = kernels.choose(self.impl, q, self.K_future, self.K_future_bias, dropout_p)
+        if impl != "readable":  # the same function, faster: blocked on a CPU, FlexAttention on GPU
             y, out_future, out_future_star = kernels.future_attention_faster(
                 impl, q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
-                future_dim=self.future_dim, with_target=with_target, detach_target=self.detach_target)
+                future_dim=self.future_dim, with_target=with_target,
+                detach_target=self.detach_target)
         elif self.future_kv == "computed":
             y, out_future, out_future_star = computed_future_attention(
                 q, k, v, self.K_offset, self.V_offset, self.K_offset_bias, self.V_offset_bias,
@@ -291,7 +308,8 @@ class FutureAttention(nn.Module):
             y, out_future, out_future_star = future_attention(
                 q, k, v, self.K_future, self.V_future, self.K_future_bias, self.V_future_bias,
                 future_dim=self.future_dim, dropout_p=dropout_p, with_target=with_target)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads: (B, nh, T, hs) -> (B, T, C)
+        # re-assemble the heads: (B, nh, T, hs) -> (B, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, d)
         y = self.resid_dropout(self.c_proj(y))
         loss = None
         if with_target:
@@ -318,15 +336,15 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        B, T, C = x.size()
+        B, T, d = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, d // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
+        y = y.transpose(1, 2).contiguous().view(B, T, d)  # re-assemble the heads
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -373,6 +391,10 @@ def is_count(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def is_non_negative(value):
+    return isinstance(value, (int, float)) and value >= 0
+
+
 def one_of(*allowed):
     """A check's test and what it must be (check_fields): one of the allowed values."""
     return (lambda value: value in allowed), f"one of {', '.join(map(repr, allowed))}"
@@ -396,7 +418,8 @@ class GPTConfig:
     dropout: float = 0.0  # the write-ups use 0.0
     bias: bool = False  # biases in Linear, LayerNorm and on the future scores/outputs
     future_dim: int = None  # fd, future keys per query, 1..C-1; None -> C-1; 50 was best
-    future_kv: str = "learned"  # 'learned' K_future, V_future (the write-up's) or 'computed' from k_i, v_i
+    # 'learned' K_future, V_future (the write-up's) or 'computed' from k_i, v_i
+    future_kv: str = "learned"
     start_layer: int = 1  # first future-attention layer, 1-indexed
     end_layer: int = None  # last future-attention layer, inclusive; None -> n_layer
     future_attn_loss_type: str = "mse"  # 'mse' or 'cosine'; mse was best
@@ -413,17 +436,19 @@ class GPTConfig:
               for name in ("bias", "use_future_attn_loss", "detach_future_ground_truth")],
             ("block_size", lambda v: v >= 2, ">= 2 for future attention"),
         ])
-        C, L = self.block_size, self.n_layer  # valid now: the None fields take their meaning from them
+        # valid now: the None fields take their meaning from them
+        C, L = self.block_size, self.n_layer
         self.future_dim = C - 1 if self.future_dim is None else self.future_dim
         self.end_layer = L if self.end_layer is None else self.end_layer
         check_fields(self, [
-            ("future_dim", lambda v: is_count(v) and v <= C - 1, f"an integer in 1..block_size-1 (1..{C - 1})"),
+            ("future_dim", lambda v: is_count(v) and v <= C - 1,
+             f"an integer in 1..block_size-1 (1..{C - 1})"),
             ("start_layer", lambda v: is_count(v) and v <= L, f"in 1..n_layer (1..{L})"),
             ("end_layer", lambda v: isinstance(v, int) and self.start_layer <= v <= L,
              f"in start_layer..n_layer ({self.start_layer}..{L}), or unset for the last layer"),
             ("future_kv", *one_of("learned", "computed")),
             ("future_attn_loss_type", *one_of("mse", "cosine")),
-            ("future_attn_loss_coeff", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0"),
+            ("future_attn_loss_coeff", is_non_negative, "a number >= 0"),
         ])
 
 
@@ -472,7 +497,9 @@ class GPT(nn.Module):
         return self
 
     def get_num_params(self):
-        """All parameters, tied weights once, without the position table (nanoGPT's count, and the write-ups')."""
+        """All parameters, tied weights once, without the position table.
+
+        This is nanoGPT's count, and the one the write-ups report."""
         n_params = sum(p.numel() for p in self.parameters())
         return n_params - self.transformer.wpe.weight.numel()
 
@@ -485,8 +512,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {C}")
         with_target = self.training and targets is not None
         if with_target and T != C:
-            raise ValueError(f"training with targets needs sequences of exactly block_size ({C}) tokens, "
-                             f"got {T}: out*_future reads real keys up to position C-1")
+            raise ValueError(f"training with targets needs sequences of exactly block_size ({C}) "
+                             f"tokens, got {T}: out*_future reads real keys up to position C-1")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         layer_losses = []
@@ -504,14 +531,16 @@ class GPT(nn.Module):
         if with_target:
             per_layer = torch.stack(layer_losses)  # (future-attention layers,)
             aux["future_attn_loss"] = per_layer.mean()  # mean over layers: the loss trained on
-            # the write-up's conclusion reads the mean as L objectives, none converging: each on its own
+            # the write-up's conclusion reads the mean as L objectives, none converging: each
+            # layer's loss is kept on its own
             aux["future_attn_loss_per_layer"] = per_layer.detach()
             if self.config.use_future_attn_loss:
                 loss = loss + self.config.future_attn_loss_coeff * aux["future_attn_loss"]
         return logits, loss, aux
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # matrices decay, K_future and V_future (or K_offset and V_offset) included; biases and gains do not
+        # matrices decay, K_future and V_future (or K_offset and V_offset) included;
+        # biases and gains do not
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             if p.requires_grad:
@@ -531,7 +560,8 @@ class GPT(nn.Module):
         # 6 per weight per token; K_future and V_future are weights of the q . K_future
         # and P_future V_future matmuls (C-1 columns), so they count there too, and so do
         # K_offset and V_offset with 'computed' (q . K_offset and P_band V_offset, fd columns;
-        # its q_i . k_i, gathers and sum_o p * v_i are O(d) elementwise work, uncounted like the softmax)
+        # its q_i . k_i, gathers and sum_o p * v_i are O(d) elementwise work, uncounted like
+        # the softmax)
         flops = 6 * self.get_num_params() + cfg.n_layer * 12 * d * T
         # the target's extra P* v matmul, forward only when detached
         n_future_layers = cfg.end_layer - cfg.start_layer + 1
@@ -539,7 +569,8 @@ class GPT(nn.Module):
         return flops
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised):
-        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak (A100 bf16: 312e12)."""
+        """Model FLOPs utilization: achieved FLOP/s over `flops_promised`, the device's peak
+        (A100 bf16: 312e12)."""
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / flops_promised
 
@@ -547,7 +578,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Samples max_new_tokens after idx (B, T), feeding back the last block_size."""
         for _ in range(max_new_tokens):
-            # a copy: a view's stride grows with idx, and a compiled forward (sample.py) would recompile
+            # a copy: a view's stride grows with idx, and a compiled forward (sample.py)
+            # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature

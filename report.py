@@ -5,11 +5,14 @@ Compares training runs in a table like the write-ups', from each out_dir/log.jso
     python report.py out-* --plot losses.png     # loss curves too (needs matplotlib)
 
 Train and val loss are the last eval-mode estimates; "aux" is the last logged auxiliary
-loss (unscaled); wall time adds up the time of every launch of the run. A run that trains
-the model of one of the write-ups' configs (config/<name>.py) gets a second line with the
-write-up's published numbers for that config. Evaluations made with --eval_only are not the
-run's: a note lists them under the table. --plot draws the loss curves, and for future
-attention the loss of every layer (the write-up's "L different objectives").
+loss (unscaled); wall time adds up the time of every launch of the run; data is the run's
+data_dir. A run that trains the model of one of the write-ups' configs (config/<name>.py) gets a
+second line with the write-up's published numbers for that config, and whether the run's data
+was theirs: "same data as the write-up" when the train and val sha256 the run recorded are those
+of the write-ups' token files (prepare_wikipedia.py's default), else which data it was.
+Evaluations made with --eval_only are not the run's: a note lists them under the table. --plot
+draws the loss curves, and for future attention the loss of every layer (the write-up's "L
+different objectives").
 """
 
 import argparse
@@ -63,13 +66,17 @@ def read_log(out_dir):
                 record = json.loads(line)
             except json.JSONDecodeError:
                 # a launch killed mid-write leaves a cut-off line; a resumed launch appends after it
-                print(f"warning: {path}, line {line_no}: not a JSON record (cut off mid-write?); skipped", file=sys.stderr)
+                print(f"warning: {path}, line {line_no}: "
+                      "not a JSON record (cut off mid-write?); skipped", file=sys.stderr)
                 continue
             if record.get("type") == "start":
                 launch = record["time"]
-                # a launch's start counts as at its iteration, so a later one from an earlier checkpoint replaces it
-                records = [r for r in records if r.get("iter", r.get("iter_num", 0)) <= record["iter_num"]]
-            elif launch is not None and record.get("type") != "eval_only":  # an evaluation later on is not training time
+                # A launch's start counts as at its iteration, so a later launch from an earlier
+                # checkpoint replaces what was logged after that iteration.
+                records = [r for r in records
+                           if r.get("iter", r.get("iter_num", 0)) <= record["iter_num"]]
+            # An evaluation later on (--eval_only) is not training time.
+            elif launch is not None and record.get("type") != "eval_only":
                 wall_s += record["time"] - max(launch, records[-1]["time"])
             records.append(record)
     if not any(r.get("type") == "start" for r in records):
@@ -91,19 +98,23 @@ def tokens_trained(records, iters):
     the iterations it ran, from its start to the next launch's start (or to iters)."""
     starts = [r for r in records if r["type"] == "start"]
     ends = [r["iter_num"] for r in starts[1:]] + [iters]
-    return sum(start["tokens_per_iter"] * (end - start["iter_num"]) for start, end in zip(starts, ends))
+    return sum(start["tokens_per_iter"] * (end - start["iter_num"])
+               for start, end in zip(starts, ends))
 
 
 def loss_text(value):
-    """A logged loss in the table: null is a non-finite value (the record's "nonfinite" names it)."""
+    """A logged loss in the table: null is a non-finite value (the record's "nonfinite" names
+    it)."""
     return "non-finite" if value is None else f"{value:.3f}"
 
 
 @functools.cache
 def writeup_configs():
     """{name: config} of config/<name>.py for every config in WRITEUP."""
-    import train  # imports torch and the models: seconds that --help and a bad argument need not wait
-    return {name: train.get_config([os.path.join(REPO, "config", f"{name}.py")]) for name in WRITEUP}
+    # train imports torch and the models: seconds that --help and a bad argument need not wait.
+    import train
+    return {name: train.get_config([os.path.join(REPO, "config", f"{name}.py")])
+            for name in WRITEUP}
 
 
 def writeup_match(start):
@@ -115,7 +126,8 @@ def writeup_match(start):
         # through JSON, as the start record went, so tuples and lists compare equal
         model_args = json.loads(json.dumps(settings.model_args_of(config)))
         if (start["model_type"] == config["model_type"]
-                and settings.saved_model_args(start["model_type"], start.get("model_args", {})) == model_args):
+                and settings.saved_model_args(start["model_type"],
+                                              start.get("model_args", {})) == model_args):
             run_config = start["config"]
             return name, {key: (run_config.get(key), config[key]) for key in BUDGET_KEYS
                           if run_config.get(key) != config[key]}
@@ -138,6 +150,7 @@ def summarize(out_dir):
     start, last_eval, aux = final_numbers(records)
     evals = [r for r in records if r["type"] == "eval"]
     iters = max([r["iter"] for r in records if "iter" in r], default=0)
+    finite_val_losses = [r["val_loss"] for r in evals if r["val_loss"] is not None]
     hours, rest = divmod(int(wall_s), 3600)
     run = os.path.basename(os.path.normpath(out_dir))
     row = {
@@ -148,12 +161,14 @@ def summarize(out_dir):
         "tokens": f"{tokens_trained(records, iters):,}",
         "train loss": loss_text(last_eval["train_loss"]) if last_eval else "-",
         "val loss": loss_text(last_eval["val_loss"]) if last_eval else "-",
-        "best val": loss_text(min(finite)) if (finite := [r["val_loss"] for r in evals if r["val_loss"] is not None]) else "-",
+        "best val": loss_text(min(finite_val_losses)) if finite_val_losses else "-",
         "aux loss": format_aux(aux),
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
+        "data": start.get("data", {}).get("data_dir", "-"),
     }
-    notes = [f"{run}: evaluated with --eval_only (not the run's numbers) at iter {r['iter']} on {r['data_dir']}, "
-             f"{r['eval_iters']} batches: train loss {r['train_loss']:.3f}, val loss {r['val_loss']:.3f}"
+    notes = [f"{run}: evaluated with --eval_only (not the run's numbers) "
+             f"at iter {r['iter']} on {r['data_dir']}, {r['eval_iters']} batches: "
+             f"train loss {r['train_loss']:.3f}, val loss {r['val_loss']:.3f}"
              for r in records if r["type"] == "eval_only"]
     match = writeup_match(start)
     if match is None:
@@ -162,17 +177,52 @@ def summarize(out_dir):
     published = WRITEUP[name]
     # the published aux under the run's own aux name, so the two lines read alike
     aux_names = list(aux) or ["aux"]
-    published_aux = format_aux({aux_names[0]: published["aux"]}) if published["aux"] is not None else "-"
+    if published["aux"] is not None:
+        published_aux = format_aux({aux_names[0]: published["aux"]})
+    else:
+        published_aux = "-"
     writeup_row = dict.fromkeys(row, "")
     original = writeup_configs()[name]
-    tokens = original["max_iters"] * original["gradient_accumulation_steps"] * original["batch_size"] * original["block_size"]
+    tokens_per_iter = (original["gradient_accumulation_steps"] * original["batch_size"]
+                       * original["block_size"])
+    tokens = original["max_iters"] * tokens_per_iter
     writeup_row.update({"run": f"  write-up: {name}", "params": f"{published['params']:,}",
-                        "iters": str(original["max_iters"]), "tokens": f"{tokens:,}", "train loss": f"{published['train']:.3f}",
-                        "val loss": f"{published['val']:.3f}", "aux loss": published_aux})
+                        "iters": str(original["max_iters"]), "tokens": f"{tokens:,}",
+                        "train loss": f"{published['train']:.3f}",
+                        "val loss": f"{published['val']:.3f}", "aux loss": published_aux,
+                        "data": same_data(start.get("data"))})
     if budget_differs:
-        notes.append(f"{run} trains the model of config/{name}.py, but unlike the write-up: " + ", ".join(
-            f"{key} {ours} (write-up {theirs})" for key, (ours, theirs) in budget_differs.items()))
+        differences = ", ".join(f"{key} {ours} (write-up {theirs})"
+                                for key, (ours, theirs) in budget_differs.items())
+        notes.append(f"{run} trains the model of config/{name}.py, but unlike the write-up: "
+                     + differences)
     return row, writeup_row, notes
+
+
+def same_data(identity):
+    """The write-up line's word on a run's data (identity: the data_dir and the train and val sha256
+    its start record holds): the write-ups' own when the hashes are those of their token files."""
+    from lib import fetch  # their pins; imported only for a run of a write-up config
+    if not identity:
+        return "data not recorded"
+    theirs = [fetch.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256 for split in ("train", "val")]
+    if [identity["train_sha256"], identity["val_sha256"]] == theirs:
+        return "same data as the write-up"
+    return f"not the write-up's data: {describe(identity)}"
+
+
+def describe(identity):
+    """The data of identity by the dataset its meta.json names, when that meta.json still describes
+    the files the run read; else by its folder."""
+    try:
+        with open(os.path.join(identity["data_dir"], "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        meta = {}
+    same = [meta.get(split, {}).get("sha256") for split in ("train", "val")] == [
+        identity["train_sha256"], identity["val_sha256"]]
+    dataset = same and meta.get("dataset")
+    return f"{dataset} in {identity['data_dir']}" if dataset else identity["data_dir"]
 
 
 def print_table(rows):
@@ -188,21 +238,25 @@ def plot(out_dirs, path):
     try:
         import matplotlib
     except ImportError:
-        print("error: --plot needs matplotlib: `pip install matplotlib` (the table above is complete)", file=sys.stderr)
+        print("error: --plot needs matplotlib: `pip install matplotlib` "
+              "(the table above is complete)", file=sys.stderr)
         return False
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    runs = [(os.path.basename(os.path.normpath(out_dir)), read_log(out_dir)[0]) for out_dir in out_dirs]
+    runs = [(os.path.basename(os.path.normpath(out_dir)), read_log(out_dir)[0])
+            for out_dir in out_dirs]
     per_layer = [(name, key, [r for r in records if r["type"] == "train" and key in r["aux"]])
                  for name, records in runs for key in layer_keys(records)]
-    fig, axes = plt.subplots(1, 2 + len(per_layer), figsize=(6 * (2 + len(per_layer)), 4.5), squeeze=False)
+    n_panels = 2 + len(per_layer)
+    fig, axes = plt.subplots(1, n_panels, figsize=(6 * n_panels, 4.5), squeeze=False)
     ax_train, ax_val, *ax_layers = axes[0]
     for name, records in runs:
         trains = [r for r in records if r["type"] == "train"]
         evals = [r for r in records if r["type"] == "eval"]
         ax_train.plot([r["iter"] for r in trains], [r["loss"] for r in trains], label=name)
-        ax_val.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], marker=".", label=name)
+        ax_val.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals],
+                    marker=".", label=name)
     ax_train.set(title="train loss (with aux losses)", xlabel="iteration", ylabel="loss")
     ax_val.set(title="val loss (cross-entropy)", xlabel="iteration")
     ax_val.legend()
@@ -215,21 +269,24 @@ def plot(out_dirs, path):
         ax.set(title=f"{name}: {key.removesuffix('_per_layer')} by layer", xlabel="iteration")
         ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
-    cli.write_atomically(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png"))
+    image_format = os.path.splitext(path)[1][1:] or "png"
+    cli.write_atomically(path, lambda f: fig.savefig(f, format=image_format))
     print(f"saved {path}")
     return True
 
 
 def layer_keys(records):
     """The names of the per-layer auxiliary losses (lists) that a run's train records hold."""
-    return sorted({k for r in records if r["type"] == "train" for k, v in r["aux"].items() if isinstance(v, list)})
+    return sorted({k for r in records if r["type"] == "train"
+                   for k, v in r["aux"].items() if isinstance(v, list)})
 
 
 @cli.main
 def main(argv):
     parser = argparse.ArgumentParser(description="Compare train.py runs from their log.jsonl.")
     parser.add_argument("out_dirs", nargs="+", help="out_dir of each run")
-    parser.add_argument("--plot", metavar="FILE.png", help="also save loss curves here (needs matplotlib)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also save loss curves here (needs matplotlib)")
     args = parser.parse_args(argv)
     rows, notes, good = [], [], []
     for out_dir in args.out_dirs:

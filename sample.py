@@ -117,7 +117,7 @@ def sample(config):
     print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
-    _, autocast = autocast_for(config["dtype"], "cuda" if device.startswith("cuda") else "cpu")
+    _, autocast = autocast_for(config["dtype"], torch.device(device).type)
     model.eval()
     model.to(device)
     if config["compile"]:

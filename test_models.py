@@ -16,11 +16,13 @@ from torch.utils.flop_counter import FlopCounterMode
 import model_baseline as base
 import model_encdec as ed
 import model_future_attn as fa
-from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, one_thread, tiny  # noqa: F401
+from conftest import MODEL_VARIANTS, NEXT_STEP_COUNTS, SEED_COUNTS, TINY_MODEL, tiny
+from conftest import one_thread  # noqa: F401 (a fixture: pytestmark below names it)
 
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the tiny models
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py (this file sits above tests/: imported)
+# the fixture of conftest.py, imported above: conftest.py serves only the files in tests/
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def full_logits(model, idx):
@@ -43,13 +45,15 @@ def full_logits(model, idx):
 # GPTConfig directly
 
 
-@pytest.mark.parametrize("name,module,kwargs,expected", SEED_COUNTS, ids=[s[0] for s in SEED_COUNTS])
+@pytest.mark.parametrize("name,module,kwargs,expected", SEED_COUNTS,
+                         ids=[s[0] for s in SEED_COUNTS])
 def test_seed_parameter_counts(name, module, kwargs, expected):
     model = module.GPT(module.GPTConfig(**kwargs))
     assert model.get_num_params() == expected
 
 
-@pytest.mark.parametrize("name,module,kwargs,expected", NEXT_STEP_COUNTS, ids=[s[0] for s in NEXT_STEP_COUNTS])
+@pytest.mark.parametrize("name,module,kwargs,expected", NEXT_STEP_COUNTS,
+                         ids=[s[0] for s in NEXT_STEP_COUNTS])
 def test_next_step_parameter_counts(name, module, kwargs, expected):
     with torch.device("meta"):  # shapes only
         model = module.GPT(module.GPTConfig(**kwargs))
@@ -126,7 +130,8 @@ def test_prefix_gives_the_same_logits(name, training):
     with torch.no_grad():
         full = full_logits(model, idx)
         for t in (1, 4, C - 1):
-            torch.testing.assert_close(full_logits(model, idx[:, :t]), full[:, :t], atol=1e-6, rtol=0)
+            torch.testing.assert_close(full_logits(model, idx[:, :t]), full[:, :t],
+                                       atol=1e-6, rtol=0)
             last, _, _ = model(idx[:, :t])  # the inference path: last position only
             torch.testing.assert_close(last[:, 0], full[:, t - 1], atol=1e-6, rtol=0)
 
@@ -147,7 +152,8 @@ def future_attention_loops(q, k, v, K_future, V_future, K_bias, V_bias, future_d
         for h in range(H):
             for i in range(T):
                 causal_keys = list(range(0, i + 1))
-                future_cols = [m for m in range(C_ - 1) if i + 1 <= m + 1 <= min(i + future_dim, C_ - 1)]
+                future_cols = [m for m in range(C_ - 1)
+                               if i + 1 <= m + 1 <= min(i + future_dim, C_ - 1)]
                 scores = [s * (q[b, h, i] @ k[b, h, j]) for j in causal_keys]
                 for m in future_cols:
                     bias = K_bias[h, 0, m] if K_bias is not None else 0.0
@@ -163,7 +169,8 @@ def future_attention_loops(q, k, v, K_future, V_future, K_bias, V_bias, future_d
                 out_future[b, h, i] = fut
                 # the target: real scores over j <= min(i + fd, T-1), keep j > i
                 keys = list(range(0, min(i + future_dim, T - 1) + 1))
-                p_star = torch.softmax(torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys]), dim=0)
+                target_scores = torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys])
+                p_star = torch.softmax(target_scores, dim=0)
                 star[b, h, i] = sum((p_star[n] * v[b, h, j] for n, j in enumerate(keys) if j > i),
                                     torch.zeros(hs, dtype=q.dtype))
     return out, out_future, star
@@ -214,10 +221,12 @@ def test_future_attention_matches_loops(T, C_, future_dim, hs, bias):
     assert fa.future_attention(*inputs, future_dim=future_dim)[2] is None
 
 
-@pytest.mark.parametrize("loss_type,loops", [("mse", mse_loops), ("cosine", cosine_dissimilarity_loops)])
+@pytest.mark.parametrize("loss_type,loops",
+                         [("mse", mse_loops), ("cosine", cosine_dissimilarity_loops)])
 def test_future_attn_losses_match_loops(loss_type, loops):
     q, k, v, K_future, V_future, _, _ = future_inputs(6, 6, 4, bias=False)
-    _, out_future, star = fa.future_attention(q, k, v, K_future, V_future, future_dim=3, with_target=True)
+    _, out_future, star = fa.future_attention(q, k, v, K_future, V_future, future_dim=3,
+                                              with_target=True)
     # the last position has no future: both vectors are zero there (cosine 0 by definition)
     assert torch.all(out_future[:, :, -1] == 0) and torch.all(star[:, :, -1] == 0)
     got = fa.future_attn_loss(out_future, star, loss_type)
@@ -234,7 +243,8 @@ def test_future_attention_layer_loss_matches_loops():
     per_head = [t.view(2, C, 4, 8).transpose(1, 2) for t in (q, k, v)]
     out, out_future, star = future_attention_loops(
         *per_head, layer.K_future, layer.V_future, layer.K_future_bias, layer.V_future_bias, 4)
-    torch.testing.assert_close(loss, cosine_dissimilarity_loops(out_future, star), atol=1e-5, rtol=1e-5)
+    expected_loss = cosine_dissimilarity_loops(out_future, star)
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
     expected_y = layer.c_proj(out.transpose(1, 2).reshape(2, C, 32))
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
 
@@ -242,7 +252,8 @@ def test_future_attention_layer_loss_matches_loops():
 def test_future_attn_loss_enters_the_loss_scaled_and_only_in_training():
     idx = torch.randint(0, VOCAB, (2, C), generator=torch.Generator().manual_seed(6))
     for use, coeff in ((True, 0.5), (False, 0.5)):
-        model = tiny(fa, future_dim=3, future_attn_loss_coeff=coeff, use_future_attn_loss=use).train()
+        model = tiny(fa, future_dim=3, future_attn_loss_coeff=coeff,
+                     use_future_attn_loss=use).train()
         logits, loss, aux = model(idx, targets=idx)
         ce = F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1))
         assert aux["future_attn_loss"] > 0  # logged either way
@@ -256,19 +267,22 @@ def test_future_attn_loss_enters_the_loss_scaled_and_only_in_training():
 
 @pytest.mark.parametrize("T", [2, C - 5, C])
 def test_attention_weights_keep_the_future_columns_queries_reach(T):
-    # the layer computes P_omni over all C-1 future columns, whatever T (one shape for every length);
-    # attention_weights (visualize.py) keeps those queries 0..T-1 reach: up to key min(T-1+fd, C-1)
+    # the layer computes P_omni over all C-1 future columns, whatever T, so that every length
+    # has one shape; attention_weights (visualize.py) keeps the columns that queries 0..T-1
+    # reach: up to key min(T-1+fd, C-1)
     layer = tiny(fa, future_dim=3).transformer.h[0].attn
     x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(4))
     q, k, _ = layer.heads(x)
-    P_full, P_star = fa.future_attention_weights(q, k, layer.K_future, future_dim=3, with_target=True)
+    P_full, P_star = fa.future_attention_weights(q, k, layer.K_future, future_dim=3,
+                                                 with_target=True)
     P_omni, P_star_kept = layer.attention_weights(x)
     reached = min(T - 1 + 3, C - 1)
     assert P_full.shape == (2, 4, T, T + C - 1) and P_omni.shape == (2, 4, T, T + reached)
     assert torch.all(P_full[..., T + reached:] == 0)  # nothing is left out
     torch.testing.assert_close(P_omni, P_full[..., :T + reached], rtol=0, atol=0)
     torch.testing.assert_close(P_star_kept, P_star, rtol=0, atol=0)
-    assert torch.all(P_omni[:, :, :, T + reached - 1].amax(dim=-1) > 0)  # the last kept column is reached
+    # in every head, some query reaches the last kept column
+    assert torch.all(P_omni[:, :, :, T + reached - 1].amax(dim=-1) > 0)
 
 
 def test_future_attn_training_with_targets_needs_full_length():
@@ -315,7 +329,8 @@ def computed_future_attention_loops(q, k, v, K_offset, V_offset, K_bias, V_bias,
                 out[b, h, i] = sum(p[j] * v[b, h, j] for j in range(i + 1)) + fut
                 # the target is the learned variant's: real scores over j <= min(i + fd, T-1)
                 keys = list(range(0, min(i + future_dim, T - 1) + 1))
-                p_star = torch.softmax(torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys]), dim=0)
+                target_scores = torch.stack([s * (q[b, h, i] @ k[b, h, j]) for j in keys])
+                p_star = torch.softmax(target_scores, dim=0)
                 star[b, h, i] = sum((p_star[n] * v[b, h, j] for n, j in enumerate(keys) if j > i),
                                     torch.zeros(hs, dtype=q.dtype))
     return out, out_future, star, P_omni
@@ -324,8 +339,11 @@ def computed_future_attention_loops(q, k, v, K_offset, V_offset, K_bias, V_bias,
 def computed_inputs(T, future_dim, hs, bias, H=2, B=2, seed=0):
     """q, k, v, K_offset, V_offset and the two biases (or None), float64, requiring grad."""
     g = torch.Generator().manual_seed(seed)
-    shapes = [(B, H, T, hs)] * 3 + [(H, future_dim, hs)] * 2 + ([(H, 1, future_dim), (H, 1, hs)] if bias else [])
-    tensors = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for shape in shapes]
+    shapes = [(B, H, T, hs)] * 3 + [(H, future_dim, hs)] * 2  # q, k, v, K_offset, V_offset
+    if bias:
+        shapes += [(H, 1, future_dim), (H, 1, hs)]  # K_offset_bias, V_offset_bias
+    tensors = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
+               for shape in shapes]
     return tensors + [None] * (7 - len(tensors))
 
 
@@ -340,7 +358,8 @@ def computed_inputs(T, future_dim, hs, bias, H=2, B=2, seed=0):
 def test_computed_future_attention_matches_loops(T, C_, future_dim, hs, bias):
     inputs = computed_inputs(T, future_dim, hs, bias)
     got = fa.computed_future_attention(*inputs, block_size=C_, with_target=True)
-    P_omni, _ = fa.computed_future_attention_weights(inputs[0], inputs[1], inputs[3], inputs[5], block_size=C_)
+    P_omni, _ = fa.computed_future_attention_weights(inputs[0], inputs[1], inputs[3], inputs[5],
+                                                     block_size=C_)
     ref = computed_future_attention_loops(*inputs, C_)
     for name, a, b in zip(("out", "out_future", "out_future_star", "P_omni"), (*got, P_omni), ref):
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
@@ -349,7 +368,8 @@ def test_computed_future_attention_matches_loops(T, C_, future_dim, hs, bias):
     weights = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in ref[:2]]
 
     def total(out, out_future, star):
-        return (out * weights[0]).sum() + (out_future * weights[1]).sum() + fa.future_attn_loss(out_future, star, "mse")
+        return ((out * weights[0]).sum() + (out_future * weights[1]).sum()
+                + fa.future_attn_loss(out_future, star, "mse"))
 
     leaves = [t for t in inputs if t is not None]
     got_grads = torch.autograd.grad(total(*got), leaves)
@@ -364,8 +384,11 @@ def test_computed_future_keys_fill_the_learned_layout():
     # P_omni's future columns are the same band for both ways of making the future keys
     q, k, v, K_offset, V_offset, _, _ = computed_inputs(6, 3, 4, bias=False)
     learned = future_inputs(6, 9, 4, bias=False)
-    P_learned, P_star_learned = fa.future_attention_weights(q, k, learned[3].double(), future_dim=3, with_target=True)
-    P_computed, P_star = fa.computed_future_attention_weights(q, k, K_offset, block_size=9, with_target=True)
+    K_future = learned[3].double()
+    P_learned, P_star_learned = fa.future_attention_weights(q, k, K_future, future_dim=3,
+                                                            with_target=True)
+    P_computed, P_star = fa.computed_future_attention_weights(q, k, K_offset, block_size=9,
+                                                              with_target=True)
     assert P_computed.shape == P_learned.shape == (2, 2, 6, 6 + 8)
     assert torch.equal(P_computed > 0, P_learned > 0)
     torch.testing.assert_close(P_star, P_star_learned, atol=0, rtol=0)  # the same target
@@ -379,7 +402,8 @@ def test_computed_future_attention_layer_matches_loops(T, bias, training):
     # the whole layer: projections, per-head split, loops, loss; train mode with the target
     model = tiny(fa, future_kv="computed", future_dim=4, bias=bias).train(training)
     layer = model.transformer.h[0].attn
-    assert not hasattr(layer, "K_future") and layer.K_offset.shape == layer.V_offset.shape == (4, 4, 8)
+    assert not hasattr(layer, "K_future")
+    assert layer.K_offset.shape == layer.V_offset.shape == (4, 4, 8)
     if bias:
         with torch.no_grad():  # zero-initialized: make them matter
             layer.K_offset_bias.normal_()
@@ -390,34 +414,42 @@ def test_computed_future_attention_layer_matches_loops(T, bias, training):
     per_head = [t.view(2, T, 4, 8).transpose(1, 2) for t in (q, k, v)]
     out, out_future, star, P_omni = computed_future_attention_loops(
         *per_head, layer.K_offset, layer.V_offset, layer.K_offset_bias, layer.V_offset_bias, C)
-    torch.testing.assert_close(y, layer.c_proj(out.transpose(1, 2).reshape(2, T, 32)), atol=1e-5, rtol=1e-5)
+    expected_y = layer.c_proj(out.transpose(1, 2).reshape(2, T, 32))
+    torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     if training:
         torch.testing.assert_close(loss, mse_loops(out_future, star.detach()), atol=1e-5, rtol=1e-5)
         params = [layer.K_offset, layer.V_offset, layer.c_attn.weight]
         got = torch.autograd.grad(y.sum() + loss, params)
         expected = torch.autograd.grad(
-            layer.c_proj(out.transpose(1, 2).reshape(2, T, 32)).sum() + mse_loops(out_future, star.detach()), params)
+            expected_y.sum() + mse_loops(out_future, star.detach()), params)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     else:
         assert loss is None
-    # attention_weights gives the layer's P_omni in the learned layout (visualize.py draws it), up to
-    # the last future column a query reaches: key min(T-1+future_dim, C-1)
+    # attention_weights gives the layer's P_omni in the learned layout (visualize.py draws it),
+    # up to the last future column a query reaches: key min(T-1+future_dim, C-1)
     reached = T + min(T - 1 + 4, C - 1)
-    torch.testing.assert_close(layer.attention_weights(x)[0], P_omni[..., :reached], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(layer.attention_weights(x)[0], P_omni[..., :reached],
+                               atol=1e-6, rtol=1e-5)
 
 
 def test_computed_future_parameters_replace_the_learned_ones():
     C_, H, L, d, fd = C, 4, 2, 32, 5
     for bias in (False, True):
-        learned, computed = tiny(fa, future_dim=fd, bias=bias), tiny(fa, future_dim=fd, bias=bias, future_kv="computed")
-        per_layer_learned = 2 * d * (C_ - 1) + (H * (C_ - 1) + d if bias else 0)  # K_future, V_future (+ biases)
-        per_layer_computed = 2 * d * fd + (H * fd + d if bias else 0)  # K_offset, V_offset (+ biases)
-        assert computed.get_num_params() == learned.get_num_params() - L * per_layer_learned + L * per_layer_computed
+        learned = tiny(fa, future_dim=fd, bias=bias)
+        computed = tiny(fa, future_dim=fd, bias=bias, future_kv="computed")
+        # per layer, the future keys and values and their biases: K_future, V_future (learned)
+        # or K_offset, V_offset (computed)
+        per_layer_learned = 2 * d * (C_ - 1) + (H * (C_ - 1) + d if bias else 0)
+        per_layer_computed = 2 * d * fd + (H * fd + d if bias else 0)
+        expected = learned.get_num_params() - L * per_layer_learned + L * per_layer_computed
+        assert computed.get_num_params() == expected
     names = {n for n, _ in computed.named_parameters()}
     assert not any("K_future" in n or "V_future" in n for n in names)
+    params_by_name = dict(computed.named_parameters())
     for name in ("K_offset", "V_offset"):  # initialized as K_future: N(0, 0.02)
-        p = torch.cat([dict(computed.named_parameters())[f"transformer.h.{i}.attn.{name}"].flatten() for i in range(L)])
+        p = torch.cat([params_by_name[f"transformer.h.{i}.attn.{name}"].flatten()
+                       for i in range(L)])
         assert abs(p.std().item() - 0.02) < 0.004
 
 
@@ -439,7 +471,8 @@ def test_causal_cross_attention_matches_loops():
         for i in range(7):
             for h in range(H):
                 cols = slice(h * hs, (h + 1) * hs)
-                scores = torch.stack([q[b, i, cols] @ k[b, j, cols] / math.sqrt(hs) for j in range(i + 1)])
+                scores = torch.stack([q[b, i, cols] @ k[b, j, cols] / math.sqrt(hs)
+                                      for j in range(i + 1)])
                 p = torch.softmax(scores, dim=0)
                 out[b, i, cols] = sum(p[j] * v[b, j, cols] for j in range(i + 1))
     torch.testing.assert_close(got, attn.c_proj(out), atol=1e-5, rtol=1e-5)
@@ -484,7 +517,8 @@ def test_embedding_loss_matches_loops(loss_type, embedding_ln, ln_encoder_out, d
     g = torch.Generator().manual_seed(8)
     E, encoder_out = torch.randn(2, 6, 32, generator=g), torch.randn(2, 6, 32, generator=g)
     got = model.embedding_loss(E, encoder_out)
-    torch.testing.assert_close(got, embedding_loss_loops(model, E, encoder_out), atol=1e-5, rtol=1e-5)
+    expected = embedding_loss_loops(model, E, encoder_out)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_embedding_loss_enters_the_loss_scaled_and_only_in_training():
@@ -546,7 +580,9 @@ def test_encdec_stacks_of_their_own_depth():
     model = tiny(ed, n_layer_encoder=3, n_layer_decoder=1)
     assert (len(model.transformer.encoder), len(model.transformer.decoder)) == (3, 1)
     d, equal = 32, tiny(ed)  # 2 + 2 blocks
-    assert model.get_num_params() == equal.get_num_params() + (12 * d * d + 2 * d) - (16 * d * d + 4 * d)
+    # one encoder block more, one decoder block (which adds cross-attention) fewer
+    encoder_block, decoder_block = 12 * d * d + 2 * d, 16 * d * d + 4 * d
+    assert model.get_num_params() == equal.get_num_params() + encoder_block - decoder_block
     # None is n_layer for each, so one name never means two things
     config = ed.GPTConfig(**TINY_MODEL)
     assert (config.n_layer_encoder, config.n_layer_decoder) == (2, 2)
@@ -567,7 +603,8 @@ def test_encdec_residual_init_follows_each_stack_depth():
     model = tiny(ed, n_layer_encoder=1, n_layer_decoder=8, n_embd=64)
     for stack, depth in (("encoder", 1), ("decoder", 8)):
         weights = torch.cat([p.flatten() for n, p in model.named_parameters()
-                             if n.startswith(f"transformer.{stack}.") and n.endswith("c_proj.weight")])
+                             if n.startswith(f"transformer.{stack}.")
+                             and n.endswith("c_proj.weight")])
         assert weights.std().item() == pytest.approx(0.02 / math.sqrt(2 * depth), rel=0.03), stack
 
 
@@ -592,8 +629,10 @@ def test_shared_blocks_agree_across_files():
     torch.testing.assert_close(encdec.transformer.encoder[0](x), expected, atol=0, rtol=0)
 
     # and the decoder's self-attention and MLP are the baseline's modules too
-    encdec.transformer.decoder[0].attn.load_state_dict(baseline.transformer.h[0].attn.state_dict())
-    torch.testing.assert_close(encdec.transformer.decoder[0].attn(x), baseline.transformer.h[0].attn(x))
+    decoder_attn = encdec.transformer.decoder[0].attn
+    baseline_attn = baseline.transformer.h[0].attn
+    decoder_attn.load_state_dict(baseline_attn.state_dict())
+    torch.testing.assert_close(decoder_attn(x), baseline_attn(x))
 
 
 def test_embeddings_and_head_agree_across_files():
@@ -657,8 +696,10 @@ def test_eval_is_deterministic_with_dropout(module):
     assert not torch.allclose(model(idx, idx)[0], model(idx, idx)[0])  # dropout is on
 
 
-@pytest.mark.parametrize("module,keys", [(base, []), (fa, ["future_attn_loss", "future_attn_loss_per_layer"]),
-                                         (ed, ["embedding_loss"])], ids=["baseline", "future_attn", "encdec"])
+@pytest.mark.parametrize("module,keys", [(base, []),
+                                         (fa, ["future_attn_loss", "future_attn_loss_per_layer"]),
+                                         (ed, ["embedding_loss"])],
+                         ids=["baseline", "future_attn", "encdec"])
 def test_aux_loss_only_in_training(module, keys):
     model = tiny(module)
     idx = torch.randint(0, VOCAB, (2, C))
@@ -676,7 +717,8 @@ def test_aux_loss_only_in_training(module, keys):
 def test_future_attn_loss_per_layer(start_layer, end_layer):
     # each future-attention layer's own loss, in layer order; their mean is the loss trained on
     torch.manual_seed(0)
-    model = tiny(fa, n_layer=3, start_layer=start_layer, end_layer=end_layer, future_attn_loss_coeff=0.5)
+    model = tiny(fa, n_layer=3, start_layer=start_layer, end_layer=end_layer,
+                 future_attn_loss_coeff=0.5)
     model.train()
     idx, targets = torch.randint(0, VOCAB, (2, C)), torch.randint(0, VOCAB, (2, C))
     logits, loss, aux = model(idx, targets=targets)
@@ -694,7 +736,8 @@ def test_future_attn_loss_per_layer(start_layer, end_layer):
     torch.testing.assert_close(per_layer, torch.stack(expected).detach(), rtol=0, atol=0)
     torch.testing.assert_close(aux["future_attn_loss"], per_layer.mean(), rtol=0, atol=0)
     cross_entropy = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
-    torch.testing.assert_close(loss, cross_entropy + 0.5 * per_layer.mean())  # the training maths unchanged
+    # the loss trained on is unchanged: the cross-entropy plus the scaled mean
+    torch.testing.assert_close(loss, cross_entropy + 0.5 * per_layer.mean())
 
 
 def test_no_loss_is_kept_as_module_state():
@@ -713,12 +756,14 @@ def test_no_loss_is_kept_as_module_state():
 def grads_of(model, loss):
     model.zero_grad(set_to_none=True)
     loss.backward()
-    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    return {n: (p.grad if p.grad is not None else torch.zeros_like(p))
+            for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("detach", [True, False])
 def test_future_loss_gradient_reaches_target_kv_only_without_detach(detach):
-    layer = tiny(fa, n_layer=1, future_dim=3, detach_future_ground_truth=detach).train().transformer.h[0].attn
+    model = tiny(fa, n_layer=1, future_dim=3, detach_future_ground_truth=detach).train()
+    layer = model.transformer.h[0].attn
     x = torch.randn(2, C, 32, generator=torch.Generator().manual_seed(14))
     _, loss = layer(x, with_target=True)
     grad = torch.autograd.grad(loss, layer.c_attn.weight)[0]  # rows: q, then k, then v
@@ -747,10 +792,13 @@ def test_embedding_loss_gradient_routing(detach):
     idx = torch.randint(0, VOCAB, (2, C), generator=torch.Generator().manual_seed(15))
     grads = grads_of(model, model(idx, targets=idx)[2]["embedding_loss"])
     encoder = sum(g.abs().sum() for n, g in grads.items() if n.startswith("transformer.encoder."))
-    embeddings = grads["transformer.wte.weight"].abs().sum() + grads["transformer.wpe.weight"].abs().sum()
-    decoder = sum(g.abs().sum() for n, g in grads.items() if n.startswith(("transformer.decoder.", "transformer.bridge")))
+    embeddings = (grads["transformer.wte.weight"].abs().sum()
+                  + grads["transformer.wpe.weight"].abs().sum())
+    decoder_side = ("transformer.decoder.", "transformer.bridge")
+    decoder = sum(g.abs().sum() for n, g in grads.items() if n.startswith(decoder_side))
     assert decoder == 0  # the decoder never sees this loss
-    assert grads["transformer.ln_a.weight"].abs().sum() > 0 and grads["transformer.ln_b.weight"].abs().sum() > 0
+    assert grads["transformer.ln_a.weight"].abs().sum() > 0
+    assert grads["transformer.ln_b.weight"].abs().sum() > 0
     if detach == "encoder_out":
         assert encoder == 0 and embeddings > 0
     elif detach == "embedding":
@@ -783,7 +831,8 @@ FLOP_CASES = {
     "future_attn": (fa, dict(future_dim=5)),
     "fa_not_detached": (fa, dict(future_dim=5, detach_future_ground_truth=False)),
     "fa_computed": (fa, dict(future_dim=5, future_kv="computed")),
-    "fa_computed_not_detached": (fa, dict(future_dim=11, future_kv="computed", detach_future_ground_truth=False)),
+    "fa_computed_not_detached": (fa, dict(future_dim=11, future_kv="computed",
+                                          detach_future_ground_truth=False)),
     "encdec": (ed, {}),
     "encdec_enc3_dec1": (ed, dict(n_layer_encoder=3, n_layer_decoder=1)),
     "encdec_enc1_dec3": (ed, dict(n_layer_encoder=1, n_layer_decoder=3)),
@@ -807,7 +856,8 @@ def test_flops_per_token_match_torch_flop_counter(module, kwargs):
         model.flops_per_token() * C * 2)
 
 
-@pytest.mark.parametrize("module,kwargs", [(base, {}), (fa, {}), (fa, dict(future_kv="computed")), (ed, {})],
+@pytest.mark.parametrize("module,kwargs",
+                         [(base, {}), (fa, {}), (fa, dict(future_kv="computed")), (ed, {})],
                          ids=["baseline", "future_attn", "fa_computed", "encdec"])
 def test_optimizer_decays_matrices_only(module, kwargs):
     model = tiny(module, bias=True, **kwargs)
@@ -822,7 +872,8 @@ def test_optimizer_decays_matrices_only(module, kwargs):
         kind = "offset" if kwargs else "future"
         decayed = {names[id(p)].rsplit(".", 1)[-1] for p in decay["params"]}
         kept = {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]}
-        assert {f"K_{kind}", f"V_{kind}"} <= decayed and {f"K_{kind}_bias", f"V_{kind}_bias"} <= kept
+        assert {f"K_{kind}", f"V_{kind}"} <= decayed
+        assert {f"K_{kind}_bias", f"V_{kind}_bias"} <= kept
 
 
 # --------------------------------------------------------------------------------------
@@ -858,7 +909,8 @@ def test_end_layer_unset_is_the_last_layer_and_above_it_says_so():
     assert fa.GPTConfig(**{**TINY_MODEL, "n_layer": 3, "start_layer": 2}).end_layer == 3
     with pytest.raises(ValueError) as refused:
         fa.GPTConfig(**{**TINY_MODEL, "end_layer": 28})
-    assert str(refused.value) == "end_layer must be in start_layer..n_layer (1..2), or unset for the last layer, got 28"
+    assert str(refused.value) == ("end_layer must be in start_layer..n_layer (1..2), "
+                                  "or unset for the last layer, got 28")
 
 
 @pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
@@ -868,7 +920,8 @@ def test_layer_norms_keep_their_checkpoint_keys_and_function(module, bias):
     # gain 'weight', a 'bias' only with bias=True; the encdec's LN_a and LN_b always have one), so
     # checkpoints keep loading, and the same function: F.layer_norm with eps 1e-5
     model = tiny(module, bias=bias, **({"sub_pos": "yes_ln"} if module is not fa else {}))
-    norms = {name: m for name, m in model.named_modules() if name.rsplit(".", 1)[-1].startswith("ln_")}
+    norms = {name: m for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1].startswith("ln_")}
     assert "transformer.ln_f" in norms and len(norms) > 3
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(17))
     for name, norm in norms.items():

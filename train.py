@@ -62,7 +62,7 @@ DEFAULTS = dict(
     lr_decay_iters=700_000,  # far beyond max_iters, as in the write-ups: the rate stays near peak
     min_lr=9e-5,
     # system
-    device="cuda" if torch.cuda.is_available() else "cpu",  # 'cpu', 'cuda', 'cuda:1', ...
+    device="cuda" if torch.cuda.is_available() else "cpu",  # 'cpu', 'cuda', 'cuda:1', ..., 'mps'
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto: bf16 (or fp16) on CUDA, fp32 on CPU
     compile=True,  # torch.compile the model (False on a CPU: compiling takes minutes there)
     backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
@@ -89,8 +89,9 @@ def get_batch(data_dir, split, generator, batch_size, block_size, device):
     x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
     if device.startswith("cuda"):
         # pinned memory lets the copy run while the GPU works
-        x, y = (t.pin_memory().to(device, non_blocking=True) for t in (x, y))
-    return x, y
+        x, y = x.pin_memory(), y.pin_memory()
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return x.to(device), y.to(device)  # no pinned memory on MPS; on a CPU, the same tensors
 
 
 def get_lr(it, config):
@@ -189,7 +190,7 @@ def build(config, model_args, device, rank, world_size):
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
     torch.backends.cudnn.allow_tf32 = True
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    device_type = torch.device(device).type  # AdamW is fused on CUDA only
     raw_model = settings.build_model(config["model_type"], model_args).to(device)
     optimizer = raw_model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                                (config["beta1"], config["beta2"]), device_type)
@@ -210,7 +211,8 @@ def train(config, as_script=False):
     with guards.launched(config, lambda: under_way, as_script) as launch:
         rank, world_size, device, data_identity, data_stamps, stop = launch
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-        dtype, autocast = settings.autocast_for(config["dtype"], device.split(":")[0])
+        device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps': autocast's and AdamW's
+        dtype, autocast = settings.autocast_for(config["dtype"], device_type)
         config = dict(config, dtype=dtype)  # logged and saved as resolved
         model_args, max_iters = settings.model_args_of(config), config["max_iters"]
         ckpt_path, best_path, log_path = (os.path.join(config["out_dir"], name)

@@ -36,8 +36,10 @@ from sample import gpt2_tokenizer, read_prompt
 DEFAULTS = dict(
     out_dir="out",  # the training run to draw; repeat --out_dir=... to compare runs
     checkpoint="best",  # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt)
-    start="The history of the city begins in the Middle Ages, when a small village grew up around the church.",
-    layer=None,  # one layer to draw, 0-indexed (per stack for encdec); None = a grid spread over all
+    start=("The history of the city begins in the Middle Ages, "
+           "when a small village grew up around the church."),
+    # one layer to draw, 0-indexed (per stack for encdec); None = a grid spread over all
+    layer=None,
     head=None,  # one head to draw, 0-indexed; None = a grid spread over all
     grid=6,  # without --layer/--head, at most this many layers (rows) and heads (columns)
     save_dir="",  # where the PNG files go; "" = the first out_dir
@@ -67,7 +69,8 @@ def future_square(P_omni, T):
     """P_omni (B, H, T, T+F) as the write-up draws it, (B, H, T, 1+F) with column j the key
     position j: the causal weights at j <= i, and future column m at key position m+1 (the
     band i < j <= i + future_dim). The two parts never share a cell, so rows still sum to 1."""
-    P_unmasked, P_future = P_omni.split([T, P_omni.size(-1) - T], dim=-1)  # (B, H, T, T), (B, H, T, F)
+    # the causal part (B, H, T, T) and the future part (B, H, T, F)
+    P_unmasked, P_future = P_omni.split([T, P_omni.size(-1) - T], dim=-1)
     square = F.pad(P_future, (1, 0))  # (B, H, T, 1+F): column m moves to key position m+1
     square[..., :T] += P_unmasked
     return square
@@ -90,9 +93,11 @@ def attention_modules(model):
     """{kind: the attention module of each layer}, in the order of the model's layers."""
     tr = model.transformer
     if "encoder" in tr:
-        return dict(encoder=[block.attn for block in tr.encoder], decoder=[block.attn for block in tr.decoder],
+        return dict(encoder=[block.attn for block in tr.encoder],
+                    decoder=[block.attn for block in tr.decoder],
                     cross=[block.cross_attn for block in tr.decoder])
-    return {"future" if hasattr(model.config, "future_dim") else "self": [block.attn for block in tr.h]}
+    kind = "future" if hasattr(model.config, "future_dim") else "self"
+    return {kind: [block.attn for block in tr.h]}
 
 
 @torch.no_grad()
@@ -106,8 +111,9 @@ def attention_maps(model, idx):
     """
     modules = attention_modules(model)
     inputs = {}  # module -> the arguments of its forward
-    forward_with_hooks(model, idx, [m.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m, args))
-                                    for layer_modules in modules.values() for m in layer_modules])
+    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m, args))
+             for layer_modules in modules.values() for m in layer_modules]
+    forward_with_hooks(model, idx, hooks)
     maps = {kind: [] for kind in modules}
     if "future" in maps:
         maps["target"] = []
@@ -118,7 +124,8 @@ def attention_maps(model, idx):
                 maps[kind].append(future_square(P_omni, idx.size(1)))
                 maps["target"].append(P_star)
                 continue
-            if hasattr(m, "c_q"):  # cross-attention: queries from the decoder, keys from the encoder
+            # cross-attention: queries from the decoder, keys from the encoder
+            if hasattr(m, "c_q"):
                 encoder_x, decoder_x = inputs[m]
                 q = m.c_q(decoder_x)  # (B, T, d)
                 k = m.c_kv(encoder_x)[..., :m.n_embd]  # (B, T, 2d) -> the keys (B, T, d)
@@ -138,7 +145,8 @@ def embedding_stats(model):
     wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
     unit = F.normalize(wpe, dim=-1)  # (P, d), rows of norm 1
     return dict(pos_cosine=unit @ unit.T,  # (P, d) @ (d, P) -> (P, P)
-                pos_norms=torch.linalg.norm(wpe, dim=-1), token_norms=torch.linalg.norm(wte, dim=-1))
+                pos_norms=torch.linalg.norm(wpe, dim=-1),
+                token_norms=torch.linalg.norm(wte, dim=-1))
 
 
 @torch.no_grad()
@@ -151,16 +159,19 @@ def embedding_loss_sides(model, idx):
     if getattr(cfg, "embedding_loss_type", "none") == "none":
         return None
     captured = {}  # E enters the first encoder block, encoder_out leaves the last
-    forward_with_hooks(model, idx, [
+    hooks = [
         tr.encoder[0].register_forward_pre_hook(lambda m, args: captured.update(E=args[0])),
-        tr.encoder[-1].register_forward_hook(lambda m, args, out: captured.update(encoder_out=out))])
+        tr.encoder[-1].register_forward_hook(lambda m, args, out: captured.update(encoder_out=out)),
+    ]
+    forward_with_hooks(model, idx, hooks)
     E, encoder_out = captured["E"], captured["encoder_out"]  # (B, T, d) each
     if cfg.ln_encoder_out:
         encoder_out = tr.ln_b(encoder_out)  # LN_b
     if cfg.embedding_ln == "init":
         E = tr.ln_a(E)  # LN_a before the running mean
     # E_avg_i = mean of E_0..E_i, in float64 like the model
-    counts = torch.arange(1, E.size(1) + 1, device=E.device, dtype=torch.float64).view(-1, 1)  # (T, 1)
+    T = E.size(1)
+    counts = torch.arange(1, T + 1, device=E.device, dtype=torch.float64).view(-1, 1)  # (T, 1)
     E_avg = (E.double().cumsum(dim=1) / counts).to(E.dtype)  # (B, T, d)
     if cfg.embedding_ln == "avg":
         E_avg = tr.ln_a(E_avg)  # LN_a after it
@@ -184,10 +195,12 @@ def pyplot():
 
 
 def save(fig, path, dpi):
-    """Write atomically (cli.write_atomically): a temporary name in the same folder, then renamed."""
+    """Write atomically (cli.write_atomically): a temporary name in the same folder, then
+    renamed."""
     try:
         # bbox_inches="tight": the picture holds all its text, whatever room the layout left
-        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"))
+        cli.write_atomically(
+            path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         fig.clf()
         pyplot().close(fig)
@@ -197,11 +210,13 @@ def save(fig, path, dpi):
 # smallest text (TICK_PT) is 10 px high and a SCREEN_INCHES wide picture 1,520 px wide, shown
 # whole at 100% on a laptop's screen
 TICK_PT, LABEL_PT = 9, 10
-SCREEN_INCHES = 19.0  # the widest a picture grows: its panels shrink, then a layer's heads take more rows
+# the widest a picture grows: its panels shrink, then a layer's heads take more rows
+SCREEN_INCHES = 19.0
 MARGIN_INCHES = 1.2  # the query labels left of the first column of panels
 P_OMNI_INCHES = 4.5  # the widest a P_omni panel grows
 SMALLEST = 0.55  # the scale down to which a layer's panels shrink to keep its heads in one row
-WEIGHT_FLOOR = 1e-3  # the colour scale's lowest weight; a spread-out row of T keys holds weights near 1/T
+# the colour scale's lowest weight; a spread-out row of T keys holds weights near 1/T
+WEIGHT_FLOOR = 1e-3
 
 
 def panel_inches(T):
@@ -216,10 +231,12 @@ def head_rows(n_heads, panel_widths, gaps):
     to fit SCREEN_INCHES (down to SMALLEST); else the fewest rows that fit, filled alike
     (4 heads: 2 + 2, never 3 + 1)."""
     room = SCREEN_INCHES - MARGIN_INCHES
-    fit = max(1, int(room // (SMALLEST * sum(panel_widths) + gaps)))  # heads a row holds at the smallest scale
+    # the heads a row holds at the smallest scale
+    fit = max(1, int(room // (SMALLEST * sum(panel_widths) + gaps)))
     rows = -(-n_heads // fit)
     per_row = -(-n_heads // rows)
-    return [h * rows // n_heads for h in range(n_heads)], min(1.0, (room / per_row - gaps) / sum(panel_widths))
+    scale = min(1.0, (room / per_row - gaps) / sum(panel_widths))
+    return [h * rows // n_heads for h in range(n_heads)], scale
 
 
 def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left=True, bottom=True):
@@ -237,8 +254,8 @@ def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left
     if future_dim:
         band = (j > i) & (j <= i + future_dim)
         images.append(ax.imshow(np.ma.masked_where(~band, P), cmap="Oranges", **image))
-        if P.shape[1] > T:
-            ax.axvline(T - 0.5, color="gray", lw=0.6, ls="--")  # key positions past the prompt on the right
+        if P.shape[1] > T:  # key positions past the prompt on the right
+            ax.axvline(T - 0.5, color="gray", lw=0.6, ls="--")
     ax.set_anchor("W")  # a causal layer's map under P_omni's: the same keys at the same place
     ax.set_title(title, fontsize=LABEL_PT)
     ax.tick_params(labelsize=TICK_PT, labelleft=left, labelbottom=bottom)
@@ -246,8 +263,11 @@ def draw_map(ax, P, title, labels, future_dim=None, cell_inches=(0.3, 0.3), left
         ax.set_ylabel("query i", fontsize=LABEL_PT)
     if bottom:
         ax.set_xlabel("key j", fontsize=LABEL_PT)
-    if T <= 64:  # tokens on a short prompt (at most 12, none closer than a line of text), positions on a long one
-        for set_ticks, inches, rotation in ((ax.set_yticks, cell_inches[0], 0), (ax.set_xticks, cell_inches[1], 90)):
+    # a short prompt's tokens label the axes (at most 12, none closer than a line of text);
+    # a long prompt keeps the positions
+    if T <= 64:
+        for set_ticks, inches, rotation in ((ax.set_yticks, cell_inches[0], 0),  # queries
+                                            (ax.set_xticks, cell_inches[1], 90)):  # keys
             step = max(-(-T // 12), math.ceil(1.4 * TICK_PT / 72 / inches))
             set_ticks(range(0, T, step), labels[::step], rotation=rotation)
     return images
@@ -280,40 +300,49 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, future_dim
     gaps = 0.35 * len(keys)  # between the panels, for their frames and titles
     inch_y = panel_inches(T) / T  # per query, and per key where the keys fit: square cells
     widths = [inch_y * n for n in keys]
-    if len(keys) == 2:  # P_omni's future keys past a short prompt: narrower cells, so that groups share a row
+    # P_omni's future keys past a short prompt: narrower cells, so that groups share a row
+    if len(keys) == 2:
         widths[0] = min(widths[0], P_OMNI_INCHES)
     row_of, scale = head_rows(len(heads), widths, gaps)
     inch_y, widths = scale * inch_y, [scale * width for width in widths]
     group_inches = sum(widths) + gaps
-    column_of = [h - row_of.index(row_of[h]) for h in range(len(heads))]  # the place of each head in its row
+    # the place of each head in its row
+    column_of = [h - row_of.index(row_of[h]) for h in range(len(heads))]
     rows_per_layer, per_row = row_of[-1] + 1, max(column_of) + 1
     n_rows = len(layers) * rows_per_layer
     longest = max(len(label) for label in labels) if T <= 64 else 4
+    fig_width = MARGIN_INCHES + per_row * group_inches
+    # the rows of panels, and below them room for the titles, the labels and the colour bars
+    fig_height = n_rows * (inch_y * T + 0.5) + 0.1 * longest + 1.0 + 0.8 * (1 + bool(future_dim))
     fig, axes = plt.subplots(n_rows, per_row * len(keys), squeeze=False, layout="constrained",
                              gridspec_kw=dict(width_ratios=widths * per_row),
-                             figsize=(MARGIN_INCHES + per_row * group_inches,  # and below: titles, labels, colour bars
-                                      n_rows * (inch_y * T + 0.5) + 0.1 * longest + 1.0 + 0.8 * (1 + bool(future_dim))))
+                             figsize=(fig_width, fig_height))
     for ax in axes.flat:
         ax.axis("off")  # until a panel is drawn in it
     images = {}  # one image of each colour, for the colour bars
     for layer_index, row_groups in enumerate(groups):
         for h, group in enumerate(row_groups):
             row, column = layer_index * rows_per_layer + row_of[h], column_of[h]
-            # key labels under the last panel of each column: the last layer's, with no head below it
-            last_of_column = layer_index == len(groups) - 1 and (row_of[h] + 1, column) not in zip(row_of, column_of)
+            # the key labels go under the last panel of each column: the last layer's, where
+            # no head of that layer sits below it
+            head_below = (row_of[h] + 1, column) in zip(row_of, column_of)
+            last_of_column = layer_index == len(groups) - 1 and not head_below
             for k, (name, P, band) in enumerate(group):
                 if P is None:
                     continue
                 ax = axes[row, column * len(keys) + k]
                 ax.axis("on")
-                images.update(zip(("causal", "future"), draw_map(
-                    ax, P.float().numpy(), name, labels, band, cell_inches=(inch_y, widths[k] / keys[k]),
-                    left=column == 0 and k == 0, bottom=last_of_column)))
-    bar = dict(ax=axes, location="bottom", shrink=min(0.8, 6 / fig.get_figwidth()), aspect=40, pad=0.02,
-               panchor=False)
-    fig.colorbar(images["causal"], **bar).set_label("attention weight (log scale), keys j <= i", fontsize=LABEL_PT)
+                drawn = draw_map(ax, P.float().numpy(), name, labels, band,
+                                 cell_inches=(inch_y, widths[k] / keys[k]),
+                                 left=column == 0 and k == 0, bottom=last_of_column)
+                images.update(zip(("causal", "future"), drawn))
+    bar = dict(ax=axes, location="bottom", shrink=min(0.8, 6 / fig.get_figwidth()), aspect=40,
+               pad=0.02, panchor=False)
+    causal_bar = fig.colorbar(images["causal"], **bar)
+    causal_bar.set_label("attention weight (log scale), keys j <= i", fontsize=LABEL_PT)
     if "future" in images:
-        fig.colorbar(images["future"], **bar).set_label("future keys, i < j <= i + future_dim", fontsize=LABEL_PT)
+        future_bar = fig.colorbar(images["future"], **bar)
+        future_bar.set_label("future keys, i < j <= i + future_dim", fontsize=LABEL_PT)
     fig.suptitle(title, fontsize=LABEL_PT + 2)
     save(fig, path, dpi)
 
@@ -323,14 +352,16 @@ def draw_embeddings(path, stats, block_sizes, dpi):
     ||wte[v]|| and ||wpe[p]||, then ||wpe[p]|| over the positions, sharing scales and axes."""
     plt = pyplot()
     names = list(stats)
-    fig, axes = plt.subplots(3, len(names), squeeze=False, figsize=(4.6 * len(names), 12), layout="constrained",
-                             sharex="row", sharey="row", gridspec_kw=dict(height_ratios=[1.3, 1, 1]))
+    fig, axes = plt.subplots(3, len(names), squeeze=False, figsize=(4.6 * len(names), 12),
+                             layout="constrained", sharex="row", sharey="row",
+                             gridspec_kw=dict(height_ratios=[1.3, 1, 1]))
     every_norm = torch.cat([torch.cat([s["token_norms"], s["pos_norms"]]) for s in stats.values()])
     bins = np.linspace(0.0, every_norm.max().item() * 1.02, 60)  # the same bins for every run
     for col, name in enumerate(names):
         s, C = stats[name], block_sizes[name]
         ax = axes[0, col]
-        im = ax.imshow(s["pos_cosine"].float().numpy(), cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+        im = ax.imshow(s["pos_cosine"].float().numpy(), cmap="RdBu_r", vmin=-1, vmax=1,
+                       interpolation="nearest")
         title = f"{name}\ncos(wpe[p], wpe[q])"
         if s["pos_cosine"].size(0) > C:  # row C, the next position of the last token
             ax.axhline(C - 0.5, color="k", lw=0.5), ax.axvline(C - 0.5, color="k", lw=0.5)
@@ -350,10 +381,12 @@ def draw_embeddings(path, stats, block_sizes, dpi):
 
 
 def draw_embedding_loss(path, title, sides, labels, dpi):
-    """Per position: the MSE between the two sides of the embedding loss, and their cosine similarity."""
+    """Per position: the MSE between the two sides of the embedding loss, and their cosine
+    similarity."""
     plt = pyplot()
     # a quarter inch per token label, within a screen; a long prompt's positions need less
-    fig, (ax_mse, ax_cos) = plt.subplots(2, 1, sharex=True, figsize=(min(max(6, 0.25 * len(labels)), 16), 5.5),
+    fig_width = min(max(6, 0.25 * len(labels)), 16)
+    fig, (ax_mse, ax_cos) = plt.subplots(2, 1, sharex=True, figsize=(fig_width, 5.5),
                                          layout="constrained")
     mse, cosine = sides["mse"][0].float().numpy(), sides["cosine"][0].float().numpy()
     ax_mse.plot(mse, marker=".")
@@ -381,8 +414,10 @@ def selection(config, model, name):
     n_heads = {kind: layer_modules[0].n_head for kind, layer_modules in modules.items()}
     layer, head = config["layer"], config["head"]
     for key, value, count in (("layer", layer, n_layer), ("head", head, max(n_heads.values()))):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < count):
-            raise ConfigError(f"{key} must be in 0..{count - 1} ({name} has {count} {key}s), got {value!r}")
+        is_index = isinstance(value, int) and not isinstance(value, bool)  # True is an int too
+        if value is not None and not (is_index and 0 <= value < count):
+            raise ConfigError(f"{key} must be in 0..{count - 1} ({name} has {count} {key}s), "
+                              f"got {value!r}")
     layers = [layer] if layer is not None else spread(n_layer, config["grid"])
     heads = {kind: ([head] if head < n else []) if head is not None else spread(n, config["grid"])
              for kind, n in n_heads.items()}
@@ -413,17 +448,20 @@ def visualize(config, out_dirs):
         name = name if name not in runs else f"{name}_{len(runs) + 1}"  # two runs named alike
         model = model_from_checkpoint(load_checkpoint(model_path(out_dir, config["checkpoint"])))
         if max(ids) >= model.config.vocab_size:
-            raise ConfigError(f"the prompt has GPT-2 tokens beyond {name}'s vocab_size ({model.config.vocab_size})")
+            raise ConfigError(f"the prompt has GPT-2 tokens beyond {name}'s vocab_size "
+                              f"({model.config.vocab_size})")
         runs[name] = (model.eval(), *selection(config, model, name))
     try:
         os.makedirs(save_dir, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create save_dir {save_dir} ({e.strerror}): choose another --save_dir") from None
+        raise UserError(f"cannot create save_dir {save_dir} ({e.strerror}): "
+                        "choose another --save_dir") from None
 
     for name, (model, layers, heads) in runs.items():
         C = model.config.block_size
         if len(ids) > C:
-            print(f"note: the prompt has {len(ids)} tokens, more than {name}'s block_size: drawing its first {C}")
+            print(f"note: the prompt has {len(ids)} tokens, more than {name}'s block_size: "
+                  f"drawing its first {C}")
         idx = torch.tensor(ids[:C], dtype=torch.long)[None, :]  # (1, T)
         T = idx.size(1)
         maps = attention_maps(model, idx)
@@ -433,24 +471,31 @@ def visualize(config, out_dirs):
             if not heads[kind]:
                 print(f"note: {kind} attention of {name} has no head {config['head']}: no {path}")
                 continue
-            draw_attention(path, f"{name}: {kind} attention on a {T}-token prompt", maps[kind], maps.get("target"),
-                           layers, heads[kind], labels[:T], future_dim if kind == "future" else None, config["dpi"])
-            print(f"wrote {path}: {kind} attention weights of layers {layers} (of {len(maps[kind])}) x heads "
-                  f"{heads[kind]} (of {maps[kind][0].size(1)}); --layer=N --head=N pick others")
+            draw_attention(path, f"{name}: {kind} attention on a {T}-token prompt",
+                           maps[kind], maps.get("target"), layers, heads[kind], labels[:T],
+                           future_dim if kind == "future" else None, config["dpi"])
+            print(f"wrote {path}: {kind} attention weights of layers {layers} "
+                  f"(of {len(maps[kind])}) x heads {heads[kind]} (of {maps[kind][0].size(1)}); "
+                  "--layer=N --head=N pick others")
         sides = embedding_loss_sides(model, idx)
         if sides is None:
             print(f"note: {name} has no embedding loss: no embedding_loss_{name}.png")
         else:
             path = os.path.join(save_dir, f"embedding_loss_{name}.png")
-            sides_named = f"E_avg and {'LN_b(encoder_out)' if model.config.ln_encoder_out else 'encoder_out'}"
-            draw_embedding_loss(path, f"{name}: {sides_named} per position (embedding loss "
-                                      f"{model.config.embedding_loss_type})", sides, labels[:T], config["dpi"])
-            print(f"wrote {path}: per position, MSE and cosine similarity of {sides_named} of {name}")
+            encoder_side = "LN_b(encoder_out)" if model.config.ln_encoder_out else "encoder_out"
+            sides_named = f"E_avg and {encoder_side}"
+            title = (f"{name}: {sides_named} per position (embedding loss "
+                     f"{model.config.embedding_loss_type})")
+            draw_embedding_loss(path, title, sides, labels[:T], config["dpi"])
+            print(f"wrote {path}: per position, MSE and cosine similarity of {sides_named} "
+                  f"of {name}")
 
     path = os.path.join(save_dir, f"embeddings_{'_vs_'.join(runs)}.png")
-    draw_embeddings(path, {name: embedding_stats(model) for name, (model, _, _) in runs.items()},
-                    {name: model.config.block_size for name, (model, _, _) in runs.items()}, config["dpi"])
-    print(f"wrote {path}: position-embedding cosine similarity and token/position norms of {', '.join(runs)}")
+    stats = {name: embedding_stats(model) for name, (model, _, _) in runs.items()}
+    block_sizes = {name: model.config.block_size for name, (model, _, _) in runs.items()}
+    draw_embeddings(path, stats, block_sizes, config["dpi"])
+    print(f"wrote {path}: position-embedding cosine similarity and token/position norms of "
+          f"{', '.join(runs)}")
 
 
 @cli.main
@@ -461,7 +506,8 @@ def main(argv):
         return 0
     config = configurator.merge(DEFAULTS, *configurator.parse(argv))
     # configurator keeps the last of repeated flags; every --out_dir is a run to draw
-    out_dirs = [arg.partition("=")[2] for arg in configurator.normalize(argv) if arg.startswith("--out_dir=")]
+    out_dirs = [arg.partition("=")[2] for arg in configurator.normalize(argv)
+                if arg.startswith("--out_dir=")]
     out_dirs = out_dirs or [config["out_dir"]]
     visualize(config, out_dirs)
     return 0

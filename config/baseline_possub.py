@@ -5,7 +5,8 @@
 # more row, C+1, which the parameter count leaves out like the rest of the table).
 # Baseline GPT, 16,036,800 parameters (the baseline's). 106,204,800 training FLOPs per token.
 #   python train.py config/baseline_possub.py
-#   python study.py config/baseline.py config/baseline_possub.py --seeds=1337,1338,1339 --out_root=study-possub --data_dir=data/writeup
+#   python study.py config/baseline.py config/baseline_possub.py \
+#       --seeds=1337,1338,1339,1340,1341,1342 --out_root=study-possub --data_dir=data/wikipedia
 
 out_dir = "out-baseline_possub"
 model_type = "baseline"

@@ -1,4 +1,5 @@
-# The write-ups' run "0.2 dropout baseline" (appendix of both the Future Attention and the Encoder-Decoder write-up): baseline GPT, 16,036,800 parameters.
+# The write-ups' run "0.2 dropout baseline" (appendix of both the Future Attention and the
+# Encoder-Decoder write-up): baseline GPT, 16,036,800 parameters.
 # Published result after 9k steps on one A100: val loss 3.406, train loss 3.174.
 #   python train.py config/dropout02_baseline.py
 

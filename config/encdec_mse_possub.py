@@ -1,5 +1,7 @@
-# The Auto-regressive Encoder-Decoder Transformer write-up's run "with MSE embedding loss and pos sub" (its appendix): auto-regressive encoder-decoder, 15,763,500 parameters.
-# Published result after 9k steps on one A100: val loss 3.378, train loss 2.982, embedding loss 4.673e-9 (the baseline: 3.424; the best run of both write-ups).
+# The Auto-regressive Encoder-Decoder Transformer write-up's run "with MSE embedding loss and pos
+# sub" (its appendix): auto-regressive encoder-decoder, 15,763,500 parameters.
+# Published result after 9k steps on one A100: val loss 3.378, train loss 2.982, embedding loss
+# 4.673e-9 (the baseline: 3.424; the best run of both write-ups).
 #   python train.py config/encdec_mse_possub.py
 
 out_dir = "out-encdec_mse_possub"

@@ -1,22 +1,25 @@
 # The Encoder-Decoder write-up's next steps: "experiment with unequal encoder and decoder layers,
-# ideally allowing the model to learn the ratio" (its runs had "an equal number of encoder and decoder
-# layers" for simplicity). config/encdec_mse_possub.py, the best run of both write-ups, with 17 encoder
-# and 10 decoder blocks instead of 13 + 13: a deeper encoder, more layers of "understanding" (the
-# write-up's motivation: earlier layers capture general features, later ones prediction), fewer of
-# prediction.
+# ideally allowing the model to learn the ratio" (its runs had "an equal number of encoder and
+# decoder layers" for simplicity). config/encdec_mse_possub.py, the best run of both write-ups, with
+# 17 encoder and 10 decoder blocks instead of 13 + 13: a deeper encoder, more layers of
+# "understanding" (the write-up's motivation: earlier layers capture general features, later ones
+# prediction), fewer of prediction.
 # Why 17 + 10: a decoder block (self-attention, cross-attention, MLP: 16 d^2 + 4d) weighs 4/3 of an
 # encoder block (12 d^2 + 2d), so trading 4 encoder blocks for 3 decoder blocks keeps the parameter
-# count: 15,762,900 parameters, within 600 of encdec_mse_possub's 15,763,500 (the comparison is about
-# the ratio, not the size); 27 blocks deep instead of 26. Each stack's residual projections are
-# initialized for its own depth, 0.02 / sqrt(2 * 17) and 0.02 / sqrt(2 * 10).
+# count: 15,762,900 parameters, within 600 of encdec_mse_possub's 15,763,500 (the comparison is
+# about the ratio, not the size); 27 blocks deep instead of 26. Each stack's residual projections
+# are initialized for its own depth, 0.02 / sqrt(2 * 17) and 0.02 / sqrt(2 * 10).
 # Auto-regressive encoder-decoder, 15,762,900 parameters, 107,897,400 training FLOPs per token.
 #   python train.py config/encdec_mse_possub_enc17_dec10.py
-#   python study.py config/encdec_mse_possub.py config/encdec_mse_possub_enc17_dec10.py config/encdec_mse_possub_enc9_dec16.py --seeds=1337,1338,1339 --out_root=study-depths --data_dir=data/writeup
+#   python study.py config/encdec_mse_possub.py config/encdec_mse_possub_enc17_dec10.py \
+#       config/encdec_mse_possub_enc9_dec16.py --seeds=1337,1338,1339,1340,1341,1342 \
+#       --out_root=study-depths --data_dir=data/wikipedia
 
 out_dir = "out-encdec_mse_possub_enc17_dec10"
 model_type = "encdec"
 
-# model: d150 H5, 17 encoder + 10 decoder blocks (n_layer, the depth of both when they are equal, is not used)
+# model: d150 H5, 17 encoder + 10 decoder blocks
+# (n_layer, the depth of both when they are equal, is not used)
 vocab_size = 50257
 block_size = 200
 n_embd = 150

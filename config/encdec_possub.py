@@ -1,5 +1,7 @@
-# The Auto-regressive Encoder-Decoder Transformer write-up's run "with pos embed sub" (its appendix): auto-regressive encoder-decoder, 15,763,200 parameters.
-# Published result after 9k steps on one A100: val loss 3.381, train loss 2.979 (the baseline: 3.424).
+# The Auto-regressive Encoder-Decoder Transformer write-up's run "with pos embed sub" (its
+# appendix): auto-regressive encoder-decoder, 15,763,200 parameters.
+# Published result after 9k steps on one A100: val loss 3.381, train loss 2.979
+# (the baseline: 3.424).
 #   python train.py config/encdec_possub.py
 
 out_dir = "out-encdec_possub"
@@ -19,10 +21,12 @@ ln_before_bridge = False
 add_pos_to_decoder = False
 sub_pos = "yes"
 embedding_loss_type = "none"
-# no loss, but the original run still built LN_a on E (unused) and not LN_b: keeps its 15,763,200 parameters
+# No loss, but the original run still built LN_a on E (unused) and not LN_b, which keeps its
+# 15,763,200 parameters.
 ln_encoder_out = False
 embedding_ln = "init"
-# (detach and embedding_loss_coeff do nothing without an embedding loss; the original config left them null)
+# (detach and embedding_loss_coeff do nothing without an embedding loss; the original config
+# left them null)
 
 # training: the settings common to every run of the write-ups
 # 50 batch × 16 accum × 200 tokens = 160,000 tokens per step; × 9000 steps = 1.44B tokens

@@ -1,5 +1,7 @@
-# The Future Attention write-up's run "future_dim = 100 MSE" (its appendix): future attention, 15,817,248 parameters.
-# Published result after 9k steps on one A100: val loss 3.421, train loss 3.025, future attention loss 0.08633 (the baseline: 3.424).
+# The Future Attention write-up's run "future_dim = 100 MSE" (its appendix): future attention,
+# 15,817,248 parameters.
+# Published result after 9k steps on one A100: val loss 3.421, train loss 3.025, future attention
+# loss 0.08633 (the baseline: 3.424).
 #   python train.py config/future100_mse.py
 
 out_dir = "out-future100_mse"

@@ -1,5 +1,7 @@
-# The Future Attention write-up's run "future_dim = 50 MSE" (its appendix): future attention, 15,817,248 parameters.
-# Published result after 9k steps on one A100: val loss 3.419, train loss 3.017, future attention loss 0.07681 (the baseline: 3.424; the best future-attention run).
+# The Future Attention write-up's run "future_dim = 50 MSE" (its appendix): future attention,
+# 15,817,248 parameters.
+# Published result after 9k steps on one A100: val loss 3.419, train loss 3.017, future attention
+# loss 0.07681 (the baseline: 3.424; the best future-attention run).
 #   python train.py config/future50_mse.py
 
 out_dir = "out-future50_mse"

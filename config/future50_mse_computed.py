@@ -7,10 +7,13 @@
 # its own token (so still causal).
 # Future attention, 14,615,712 parameters: K_offset and V_offset hold 2 * 144 * 50 per layer
 # where K_future and V_future held 2 * 144 * 199, so 1,201,536 fewer than future50_mse's
-# 15,817,248 (and fewer than the smaller baseline's 15,441,192). 98,983,872 training FLOPs per token.
+# 15,817,248 (and fewer than the smaller baseline's 15,441,192).
+# 98,983,872 training FLOPs per token.
 # Only the readable future attention computes it: slower than future50_mse's fast paths.
 #   python train.py config/future50_mse_computed.py
-#   python study.py config/future50_mse.py config/future50_mse_computed.py config/smaller_baseline.py --seeds=1337,1338,1339 --out_root=study-computed --data_dir=data/writeup
+#   python study.py config/future50_mse.py config/future50_mse_computed.py \
+#       config/smaller_baseline.py --seeds=1337,1338,1339,1340,1341,1342 \
+#       --out_root=study-computed --data_dir=data/wikipedia
 
 out_dir = "out-future50_mse_computed"
 model_type = "future_attn"
@@ -24,7 +27,8 @@ n_layer = 28
 dropout = 0.0
 bias = False
 future_dim = 50  # each query predicts its scores against the next 50 positions
-future_kv = "computed"  # k_i + K_offset[o-1], v_i + V_offset[o-1] instead of learned K_future, V_future
+# k_i + K_offset[o-1], v_i + V_offset[o-1] instead of learned K_future, V_future
+future_kv = "computed"
 start_layer = 1  # to the last layer: end_layer left unset
 future_attn_loss_type = "mse"
 future_attn_loss_coeff = 1.0

@@ -9,7 +9,9 @@
 # (model.flops_per_token(), at T = 1024: three attentions per block pair).
 # Memory and step time: not measured yet.
 #   python train.py config/gpt2_encdec_mse_possub.py
-#   python study.py config/gpt2_baseline.py config/gpt2_future50_mse.py config/gpt2_encdec_mse_possub.py --seeds=1337 --out_root=study-gpt2
+#   python study.py config/gpt2_baseline.py config/gpt2_future50_mse.py \
+#       config/gpt2_encdec_mse_possub.py --seeds=1337 --out_root=study-gpt2 \
+#       --data_dir=data/wikitext103
 
 out_dir = "out-gpt2_encdec_mse_possub"
 model_type = "encdec"
@@ -37,14 +39,17 @@ embedding_ln = "init"
 # 160,000 tokens per step does not divide into 1024-token rows (156.25), so the nearest whole
 # count with the write-ups' 16 micro-steps (divisible by 1, 2, 4 or 8 GPUs):
 # 10 batch × 16 accum × 1024 tokens = 163,840 tokens per step; × 9000 steps = 1.47B tokens (the
-# write-ups': 1.44B), about 13 passes over WikiText-103's train split (theirs: 37.6 over their text)
+# write-ups': 1.44B): about 13 passes over WikiText-103's train split (prepared with
+# --dataset=wikitext103 and read with --data_dir=data/wikitext103, as in the study command
+# above), 38.5 over the write-ups' text, the default data (theirs: 37.6 over their text)
 batch_size = 10  # per micro-step; memory at this size: not measured yet
 gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
 max_iters = 9000
 learning_rate = 6e-4  # the GPT-3 paper's 125M model, nanoGPT's GPT-2 small; 9e-4 was for 16M models
 min_lr = 6e-5  # learning_rate / 10, as in the write-ups
 warmup_iters = 1000  # 164M tokens, 11% of the run: longer than the small models' 300 steps
-lr_decay_iters = 9000  # cosine down to min_lr at the last step (the write-ups' 700,000 kept the peak rate)
+# cosine down to min_lr at the last step (the write-ups' 700,000 kept the peak rate)
+lr_decay_iters = 9000
 decay_lr = True
 weight_decay = 0.1
 beta1 = 0.9

@@ -1,4 +1,5 @@
-# The write-ups' run "smaller baseline" (appendix of both the Future Attention and the Encoder-Decoder write-up): baseline GPT, 15,441,192 parameters.
+# The write-ups' run "smaller baseline" (appendix of both the Future Attention and the
+# Encoder-Decoder write-up): baseline GPT, 15,441,192 parameters.
 # Published result after 9k steps on one A100: val loss 3.416, train loss 2.958.
 # (fewer parameters than the new models, so a better val loss of theirs is not their size)
 #   python train.py config/smaller_baseline.py

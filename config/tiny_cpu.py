@@ -1,5 +1,6 @@
 # A tiny model that trains on a CPU in a few minutes: a first run to see everything work.
-#   python prepare_wikipedia.py --dataset wikitext2   # once: a 4.7 MB download, writes data/wikitext2
+# Once, a 4.7 MB download that writes data/wikitext2; then the run:
+#   python prepare_wikipedia.py --dataset wikitext2
 #   python train.py config/tiny_cpu.py
 # The other models: add --model_type=future_attn or --model_type=encdec (with encdec,
 # n_layer counts each of its two stacks, so --n_layer=2 gives about the same depth) and an
@@ -8,7 +9,8 @@
 
 out_dir = "out-tiny_cpu"
 model_type = "baseline"
-data_dir = "data/wikitext2"  # WikiText-2, detokenized: about 2.4M training tokens, so 300 steps see a tenth of them
+# WikiText-2, detokenized: about 2.4M training tokens, so 300 steps see a tenth of them
+data_dir = "data/wikitext2"
 
 # model: d128 H4 L4, 64-token context
 block_size = 64

@@ -36,7 +36,8 @@ def check_impl(impl, future_kv, K_future_bias):
 
 
 def choose(impl, q, K_future, K_future_bias, dropout_p):
-    """'fast', 'flex' or 'readable': which version computes future_attention for learned future keys.
+    """'fast', 'flex' or 'readable': the version that computes future_attention for learned
+    future keys.
 
     impl 'fast' or 'flex' is taken as asked (FutureAttention.set_impl checked that it applies),
     but neither drops out P_omni: with dropout on, 'auto' takes the readable version and the
@@ -66,11 +67,13 @@ def future_attention_faster(impl, q, k, v, K_future, V_future, K_future_bias, V_
     """future_attention, without dropout, by the faster version impl names ('fast' or 'flex',
     as choose gives it): (out, out_future, out_future_star)."""
     if impl == "flex":  # FlexAttention's fused GPU kernels, O(T) memory
-        return future_attention_flex(q, k, v, K_future, V_future, V_future_bias, future_dim=future_dim,
-                                     with_target=with_target, detach_target=detach_target)
+        return future_attention_flex(q, k, v, K_future, V_future, V_future_bias,
+                                     future_dim=future_dim, with_target=with_target,
+                                     detach_target=detach_target)
     # one block of queries at a time, each with only the keys it reaches
-    return future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias, future_dim=future_dim,
-                                 with_target=with_target, detach_target=detach_target)
+    return future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
+                                 future_dim=future_dim, with_target=with_target,
+                                 detach_target=detach_target)
 
 
 # --------------------------------------------------------------------------------------
@@ -117,7 +120,8 @@ def build_fast_plan(T, C, future_dim, queries_per_block, device, dtype):
 
 
 def future_attention_fast(q, k, v, K_future, V_future, K_future_bias=None, V_future_bias=None,
-                          *, future_dim, with_target=False, detach_target=True, queries_per_block=64):
+                          *, future_dim, with_target=False, detach_target=True,
+                          queries_per_block=64):
     """future_attention without dropout, one block of queries at a time.
 
     Queries a..b-1 see keys 0..b-1 and future columns a..b-2+future_dim only, so each
@@ -135,17 +139,21 @@ def future_attention_fast(q, k, v, K_future, V_future, K_future_bias=None, V_fut
     K_future = K_future.transpose(-2, -1)  # (H, C-1, hs): future key m is row m
     target_grad = torch.is_grad_enabled() and not detach_target
     outs, outs_future, outs_future_star = [], [], []
-    for a, b, kt, fb, mask, band, above in fast_plan(T, C, future_dim, queries_per_block, q.device, q.dtype):
+    plan = fast_plan(T, C, future_dim, queries_per_block, q.device, q.dtype)
+    for a, b, kt, fb, mask, band, above in plan:
         q_blk = q[:, :, a:b]  # (B, H, Tb, hs)
-        keys = torch.cat([k[:, :, :b], K_future[:, a:fb].expand(B, H, fb - a, hs)], dim=2)  # (B, H, b+F, hs)
-        A_omni = q_blk @ keys.transpose(-2, -1)  # (B, H, Tb, hs) @ (B, H, hs, b+F) -> (B, H, Tb, b+F)
+        future_keys = K_future[:, a:fb].expand(B, H, fb - a, hs)  # (B, H, F, hs)
+        keys = torch.cat([k[:, :, :b], future_keys], dim=2)  # (B, H, b+F, hs)
+        # (B, H, Tb, hs) @ (B, H, hs, b+F) -> (B, H, Tb, b+F)
+        A_omni = q_blk @ keys.transpose(-2, -1)
         if with_target:
             with torch.set_grad_enabled(target_grad):
                 A_band = q_blk @ k[:, :, b:kt].transpose(-2, -1)  # (B, H, Tb, kt-b), keys past b-1
                 A_star = torch.cat([A_omni[..., :b], A_band], dim=-1).add_(band)  # (B, H, Tb, kt)
                 # out*_future sums over j > i >= a only: the columns a..kt-1 of P*
                 P_star = torch.softmax(A_star, dim=-1)[..., a:] * above  # (B, H, Tb, kt-a)
-                outs_future_star.append(P_star @ v[:, :, a:kt])  # (B, H, Tb, kt-a) @ (B, H, kt-a, hs)
+                # (B, H, Tb, kt-a) @ (B, H, kt-a, hs) -> (B, H, Tb, hs)
+                outs_future_star.append(P_star @ v[:, :, a:kt])
         if K_future_bias is not None:
             zeros = torch.zeros(H, 1, b, device=q.device, dtype=mask.dtype)
             mask = mask + torch.cat([zeros, K_future_bias[:, :, a:fb] * s], dim=-1)  # (H, Tb, b+F)
@@ -177,7 +185,9 @@ def flex_mask(mask, T, n_keys, future_dim, device):
     allowed = {"causal": lambda b, h, i, j: j <= i,
                "future": lambda b, h, i, m: (m + 1 > i) & (m + 1 <= i + future_dim),
                "band": lambda b, h, i, j: (j > i) & (j <= i + future_dim)}[mask]
-    if torch.compiler.is_compiling():  # built in the graph, as fast_plan's masks: no guard on the cache
+    # inside a compiled graph the mask is built there, as fast_plan's masks are: no guard on
+    # the cache
+    if torch.compiler.is_compiling():
         return create_block_mask(allowed, None, None, T, n_keys, device=device)
     key = (mask, T, n_keys, future_dim, device)
     if key not in _flex_masks:
@@ -219,12 +229,15 @@ def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, fu
     C = K_future.size(-1) + 1
     n_future = min(T - 1 + future_dim, C - 1)  # future columns any query reaches
     # dense per-batch copies, laid out as k and v are: (B, H, F, hs)
-    K_fut = K_future[:, :, :n_future].transpose(-2, -1).to(q.dtype).expand(B, H, n_future, hs).contiguous()
+    K_fut = K_future[:, :, :n_future].transpose(-2, -1).to(q.dtype)
+    K_fut = K_fut.expand(B, H, n_future, hs).contiguous()
     V_fut = V_future[:, :n_future].to(q.dtype).expand(B, H, n_future, hs).contiguous()
-    if not torch.is_grad_enabled():  # a view of a parameter still requires grad, which flex on a CPU refuses
+    # a view of a parameter still requires grad, which flex on a CPU refuses
+    if not torch.is_grad_enabled():
         K_fut, V_fut = K_fut.detach(), V_fut.detach()
 
-    out_A, lse_A = attend(k, v, flex_mask("causal", T, T, future_dim, q.device))  # softmax(A) v over j <= i
+    # softmax(A) v over j <= i
+    out_A, lse_A = attend(k, v, flex_mask("causal", T, T, future_dim, q.device))
     out_F, lse_future = attend(K_fut, V_fut, flex_mask("future", T, n_future, future_dim, q.device))
     lse = torch.logaddexp(lse_A, lse_future)  # (B, H, T): log of P_omni's normalizer
     out_unmasked = out_A * torch.exp(lse_A - lse).unsqueeze(-1)  # (B, H, T, hs)
@@ -237,6 +250,7 @@ def future_attention_flex(q, k, v, K_future, V_future, V_future_bias=None, *, fu
     if with_target:
         with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_target):
             out_band, lse_band = attend(k, v, flex_mask("band", T, T, future_dim, q.device))
-            weight = torch.exp(lse_band - torch.logaddexp(lse_A, lse_band)).unsqueeze(-1)  # P*'s share of the band
+            # P*'s share of the band
+            weight = torch.exp(lse_band - torch.logaddexp(lse_A, lse_band)).unsqueeze(-1)
             out_future_star = (out_band * weight).to(q.dtype)  # (B, H, T, hs)
     return out, out_future, out_future_star

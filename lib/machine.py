@@ -3,6 +3,9 @@ The machine a run meets: the device and dtype a setting names must exist; a GPU'
 for model FLOPs utilization (MFU); and a run sized for a GPU on a CPU, said at once.
 """
 
+import functools
+import warnings
+
 import torch
 
 from lib.cli import ConfigError
@@ -17,25 +20,58 @@ PEAK_FLOPS = (
     ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
     ("A100", 312e12),  # SXM and PCIe alike
 )
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 (else fp16) on CUDA, fp32 on CPU
+# auto = bf16 (else fp16) on CUDA, fp32 on a CPU, fp32 on MPS unless bf16 autocast works there
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_device(device, dtype="auto"):
-    """The device is 'cpu', 'cuda' or 'cuda:N' of a GPU that exists; the dtype one of DTYPES."""
+    """'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU), and the GPU must exist; dtype one
+    of DTYPES."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
         kind = torch.device(device).type
     except RuntimeError:
         kind = None
-    if kind not in ("cpu", "cuda"):
-        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device={device!r} but this machine has no MPS device (an Apple-silicon "
+                          "GPU, macOS 12.3 or later, a torch built with MPS): use --device=cpu")
+    if kind == "mps" and dtype == "bfloat16" and not mps_bf16_autocast_works():
+        raise ConfigError("dtype='bfloat16' but bf16 autocast does not work on this MPS device "
+                          "(it needs macOS 14 or later): use --dtype=float32")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has "
                           "no CUDA): use --device=cpu")
     index, count = torch.device(device).index, torch.cuda.device_count()
     if kind == "cuda" and index is not None and index >= count:
         raise ConfigError(f"device={device!r} but this machine has {count} GPU(s)")
+
+
+def auto_dtype(device_type):
+    """What dtype='auto' means on a device: bf16 (fp16 where unsupported) on CUDA, fp32 on a
+    CPU, and on MPS bf16 where its autocast works there, else fp32."""
+    if device_type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device_type == "mps" and mps_bf16_autocast_works():
+        return "bfloat16"
+    return "float32"
+
+
+@functools.cache
+def mps_bf16_autocast_works():
+    """Does a matmul under bf16 autocast run in bf16 on the Apple GPU? torch has no query for it
+    (bf16 on MPS needs macOS 14), so we try one; autocast turns itself off with a warning where
+    a dtype is not supported, and that warning counts as a no."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with torch.autocast("mps", dtype=torch.bfloat16):
+                x = torch.ones(2, 2, device="mps")
+                return (x @ x).dtype == torch.bfloat16
+    except (RuntimeError, TypeError, UserWarning):
+        return False
 
 
 def peak_flops(device):
@@ -50,10 +86,12 @@ def peak_flops(device):
 
 
 def speed_notes(config, device, flops_per_token):
-    """The GPU's peak FLOP/s for MFU (None on a CPU), and on a CPU what a run sized for a GPU
+    """A CUDA GPU's peak FLOP/s for MFU (None elsewhere), and on a CPU what a run sized for a GPU
     costs, said at once: compiling and the first evaluation take minutes there."""
-    if device != "cpu":
+    if device.startswith("cuda"):
         return peak_flops(device)
+    if device != "cpu":
+        return None  # Apple's MPS: no peak to compare with
     tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
     if flops_per_token * tokens > 1e12:
         print(f"note: one optimizer step is {flops_per_token * tokens / 1e12:,.0f} TFLOP, sized "

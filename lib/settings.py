@@ -46,6 +46,8 @@ def get_config(defaults, argv, script_keys=(), check_model=False):
     paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
     world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
     check(config, world_size, check_model, files=paths)
+    if torch.device(config["device"]).type == "mps" and "compile" not in {**files, **overrides}:
+        config["compile"] = False  # torch.compile on MPS is young: used when asked, not by default
     return config
 
 
@@ -113,9 +115,9 @@ def build_model(model_type, model_args):
 
 
 def autocast_for(dtype, device_type):
-    """(dtype name, autocast context); 'auto' is bf16 (or fp16) on CUDA, fp32 on a CPU."""
-    if dtype == "auto" and device_type == "cuda":
-        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if dtype in ("auto", "float32"):
-        return "float32", nullcontext()
+    """(dtype name, autocast context); 'auto' is the device's own (machine.auto_dtype)."""
+    if dtype == "auto":
+        dtype = machine.auto_dtype(device_type)
+    if dtype == "float32":
+        return dtype, nullcontext()
     return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))

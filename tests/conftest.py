@@ -54,8 +54,8 @@ def data_dir(tmp_path_factory):
 TINY_MODEL = dict(vocab_size=61, block_size=12, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 
 def tiny(module, sizes=TINY_MODEL, **overrides):
-    """A model of module (model_baseline, model_future_attn, model_encdec) with the tiny sizes and
-    overrides, its weights drawn from seed 0."""
+    """A model of module (model_baseline, model_future_attn, model_encdec) with the tiny sizes
+    and overrides, its weights drawn from seed 0."""
     torch.manual_seed(0)
     return module.GPT(module.GPTConfig(**{**sizes, **overrides}))
 
@@ -64,7 +64,8 @@ def tiny(module, sizes=TINY_MODEL, **overrides):
 MODEL_VARIANTS = {
     "baseline": (base, {}),
     "baseline_bias": (base, dict(bias=True)),
-    "baseline_sub_yes_ln_bias": (base, dict(sub_pos="yes_ln", bias=True)),  # 'yes', then a LayerNorm
+    # sub_pos 'yes_ln' is 'yes', then a LayerNorm
+    "baseline_sub_yes_ln_bias": (base, dict(sub_pos="yes_ln", bias=True)),
     "fa_full": (fa, {}),
     "fa_fd1": (fa, dict(future_dim=1)),
     "fa_fd3_cosine": (fa, dict(future_dim=3, future_attn_loss_type="cosine")),
@@ -81,7 +82,8 @@ MODEL_VARIANTS = {
     "ed_ln_bridge_bias": (ed, dict(ln_before_bridge=True, bias=True, cross_n_head=2)),
     "ed_loss_none": (ed, dict(embedding_loss_type="none", ln_encoder_out=False)),
     "ed_cosine_detach_emb": (ed, dict(embedding_loss_type="cosine", detach="embedding")),
-    "ed_logcos_avg": (ed, dict(embedding_loss_type="log_cosine", embedding_ln="avg", detach="none")),
+    "ed_logcos_avg": (ed, dict(embedding_loss_type="log_cosine", embedding_ln="avg",
+                               detach="none")),
     "ed_mse_no_ln": (ed, dict(embedding_ln="none", ln_encoder_out=False)),
     "ed_enc3_dec1": (ed, dict(n_layer_encoder=3, n_layer_decoder=1)),
 }
@@ -96,17 +98,21 @@ ENCDEC_NO_LOSS = dict(embedding_loss_type="none", ln_encoder_out=False, embeddin
 SEED_COUNTS = [
     ("baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26), 16_036_800),
     ("smaller_baseline", base, dict(SEED_SHAPE, n_embd=156, n_head=12, n_layer=26), 15_441_192),
-    ("dropout02_baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, dropout=0.2), 16_036_800),
+    ("dropout02_baseline", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, dropout=0.2),
+     16_036_800),
     ("future50_cosine", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
                                  future_attn_loss_type="cosine"), 15_817_248),
-    ("future50_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50), 15_817_248),
-    ("future100_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=100), 15_817_248),
-    ("encdec_cosine", ed, dict(ENCDEC_SHAPE, embedding_loss_type="cosine", sub_pos="no"), 15_763_500),
+    ("future50_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50),
+     15_817_248),
+    ("future100_mse", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=100),
+     15_817_248),
+    ("encdec_cosine", ed, dict(ENCDEC_SHAPE, embedding_loss_type="cosine", sub_pos="no"),
+     15_763_500),
     ("encdec_mse", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", sub_pos="no"), 15_763_500),
     ("encdec_plain", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="no"), 15_763_200),
     ("encdec_possub", ed, dict(ENCDEC_SHAPE, **ENCDEC_NO_LOSS, sub_pos="yes"), 15_763_200),
-    ("encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse", embedding_loss_coeff=8.0,
-                                   sub_pos="yes"), 15_763_500),
+    ("encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_type="mse",
+                                   embedding_loss_coeff=8.0, sub_pos="yes"), 15_763_500),
 ]
 
 
@@ -126,23 +132,27 @@ def decoder_block(d):
 
 NEXT_STEP_COUNTS = [
     ("future50_mse_computed", fa, dict(SEED_SHAPE, n_embd=144, n_head=9, n_layer=28, future_dim=50,
-                                       future_kv="computed"), 15_817_248 - 28 * 2 * 144 * (199 - 50)),
-    ("baseline_possub", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes"), 16_036_800),
-    ("baseline_possub_ln", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes_ln"),
+                                       future_kv="computed"),
+     15_817_248 - 28 * 2 * 144 * (199 - 50)),
+    ("baseline_possub", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26, sub_pos="yes"),
+     16_036_800),
+    ("baseline_possub_ln", base, dict(SEED_SHAPE, n_embd=160, n_head=10, n_layer=26,
+                                      sub_pos="yes_ln"),
      16_036_800 + 160),
-    ("encdec_mse_possub_enc17_dec10", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=17,
-                                               n_layer_decoder=10),
+    ("encdec_mse_possub_enc17_dec10", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0,
+                                               n_layer_encoder=17, n_layer_decoder=10),
      15_763_500 + 4 * encoder_block(150) - 3 * decoder_block(150)),
-    ("encdec_mse_possub_enc9_dec16", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, n_layer_encoder=9,
-                                              n_layer_decoder=16),
+    ("encdec_mse_possub_enc9_dec16", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0,
+                                              n_layer_encoder=9, n_layer_decoder=16),
      15_763_500 - 4 * encoder_block(150) + 3 * decoder_block(150)),
-    ("dropout02_encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, dropout=0.2), 15_763_500),
+    ("dropout02_encdec_mse_possub", ed, dict(ENCDEC_SHAPE, embedding_loss_coeff=8.0, dropout=0.2),
+     15_763_500),
     ("gpt2_baseline", base, dict(GPT2_SHAPE, n_embd=768, n_head=12, n_layer=12),
      50257 * 768 + 12 * encoder_block(768) + 768),
     ("gpt2_future50_mse", fa, dict(GPT2_SHAPE, n_embd=704, n_head=11, n_layer=12, future_dim=50),
      50257 * 704 + 12 * (encoder_block(704) + 2 * 704 * 1023) + 704),
-    ("gpt2_encdec_mse_possub", ed, dict(GPT2_SHAPE, n_embd=720, n_head=9, n_layer=6, cross_n_head=18,
-                                        embedding_loss_coeff=8.0),
+    ("gpt2_encdec_mse_possub", ed, dict(GPT2_SHAPE, n_embd=720, n_head=9, n_layer=6,
+                                        cross_n_head=18, embedding_loss_coeff=8.0),
      50257 * 720 + 6 * encoder_block(720) + 6 * decoder_block(720) + 720 * 720 + 720 + 2 * 2 * 720),
 ]
 
@@ -152,8 +162,10 @@ NEXT_STEP_COUNTS = [
 NEXT_STEPS = {
     "future50_mse_computed": ("future50_mse", dict(future_kv="computed")),
     "baseline_possub": ("baseline", dict(sub_pos="yes")),
-    "encdec_mse_possub_enc17_dec10": ("encdec_mse_possub", dict(n_layer_encoder=17, n_layer_decoder=10)),
-    "encdec_mse_possub_enc9_dec16": ("encdec_mse_possub", dict(n_layer_encoder=9, n_layer_decoder=16)),
+    "encdec_mse_possub_enc17_dec10": ("encdec_mse_possub",
+                                      dict(n_layer_encoder=17, n_layer_decoder=10)),
+    "encdec_mse_possub_enc9_dec16": ("encdec_mse_possub",
+                                     dict(n_layer_encoder=9, n_layer_decoder=16)),
     "dropout02_encdec_mse_possub": ("encdec_mse_possub", dict(dropout=0.2)),
     "gpt2_baseline": (None, {}),
     "gpt2_future50_mse": (None, {}),
@@ -189,11 +201,15 @@ def read_log(out_dir):
 
 def flip_bits(path, bits=3):
     """Flip `bits` bits in the middle of the largest tensor's bytes of a checkpoint train.py wrote,
-    as a failing disk or a bad copy does: the zip container stays whole, the CRC32 no longer fits."""
+    as a failing disk or a bad copy does: the zip container stays whole, the CRC32 no longer
+    fits."""
     with zipfile.ZipFile(path) as archive:
-        member = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda i: i.file_size)
+        tensors = [info for info in archive.infolist() if "/data/" in info.filename]
+        member = max(tensors, key=lambda i: i.file_size)
     with open(path, "r+b") as f:
-        f.seek(member.header_offset + 26)  # the local header: name and extra lengths, then the bytes
+        # offset 26 of the zip local header holds the lengths of the name and the extra field;
+        # the name, the extra field and then the tensor's bytes follow from offset 30
+        f.seek(member.header_offset + 26)
         name_len, extra_len = struct.unpack("<HH", f.read(4))
         start = member.header_offset + 30 + name_len + extra_len + member.file_size // 2
         f.seek(start)
@@ -215,7 +231,8 @@ def trained_runs(data_dir, tmp_path_factory):
     out = {}
     for model_type, vocab in (("baseline", 50257), ("future_attn", DATA_VOCAB)):
         out_dir = tmp_path_factory.mktemp(f"out-{model_type}")
-        train.train(config_for(data_dir, out_dir, model_type=model_type, vocab_size=vocab, max_iters=3, eval_interval=2))
+        train.train(config_for(data_dir, out_dir, model_type=model_type, vocab_size=vocab,
+                               max_iters=3, eval_interval=2))
         out[model_type] = str(out_dir)
     return out
 

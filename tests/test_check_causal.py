@@ -1,14 +1,16 @@
 """
 Tests of check_causal.py: it passes every shipped config and every option that changes the
 forward pass, and it catches leaks planted here, in copies of the models' attention that
-only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over the queries, a causal mask
-one key too wide, a cross-attention without its mask, a future-attention band that reads
-the real keys, computed future keys built from the next token instead of the query's own,
-a training path that peeks at the targets, a path behind a zero-initialized bias. With
---model=MODULE:FACTORY it reads models of the test's own, and through the command line it
-passes HF transformers' GPT-2 and Llama and x-transformers' decoder and catches BERT, an
-x-transformers encoder, an unmasked torch.nn.TransformerEncoder and the blog post's bug
-(those libraries' tests skip when they are not installed).
+only the tests install (monkeypatch): the "degenerate attention" blog post's softmax over
+the queries, a causal mask one key too wide, a cross-attention without its mask, a
+future-attention band that reads the real keys, computed future keys built from the next
+token instead of the query's own, a training path that peeks at the targets, a path behind a
+zero-initialized bias. With --model=MODULE:FACTORY it reads models of the test's own (and
+finds the length of those that give none in a config field, or backs off from one where the
+forward fails), and through the command line it passes HF transformers' GPT-2, Llama,
+RoBERTa and BLOOM and x-transformers' decoder and catches BERT, an x-transformers encoder, an
+unmasked torch.nn.TransformerEncoder and the blog post's bug (those libraries' tests skip
+when they are not installed).
 Run: python -m pytest -q test_check_causal.py
 
     python test_check_causal.py     # the checker and the probe on the blog post's bug
@@ -62,7 +64,8 @@ MODULE_TYPES = {module: name for name, module in settings.MODELS.items()}
 
 @pytest.mark.parametrize("name", MODEL_VARIANTS)
 def test_every_option_is_causal(name):
-    module, options = MODEL_VARIANTS[name]  # conftest's list of every option that changes the forward
+    # conftest's list of every option that changes the forward
+    module, options = MODEL_VARIANTS[name]
     model_args = dataclasses.asdict(module.GPTConfig(**{**TINY_MODEL, **options}))
     assert check_causal.check(MODULE_TYPES[module], model_args, log=silent) is None
 
@@ -72,7 +75,8 @@ def test_check_runs_both_modes_and_lengths():
     model_type, model_args = checked_args("config/encdec_mse.py")
     check_causal.check(model_type, model_args, log=lines.append)
     assert [line.split()[:3] for line in lines] == [
-        ["eval", "mode,", "T=24"], ["eval", "mode,", "T=16"], ["train", "mode,", "T=24"], ["train", "mode,", "T=16"]]
+        ["eval", "mode,", "T=24"], ["eval", "mode,", "T=16"], ["train", "mode,", "T=24"],
+        ["train", "mode,", "T=16"]]
     assert all(" ok: earlier logits changed by at most 0 " in line for line in lines)
 
 
@@ -93,7 +97,8 @@ def test_future_attention_runs_the_training_target_in_train_mode(monkeypatch):
 
 def test_shrink_keeps_the_options_and_scales_future_dim():
     model_type, args = checked_args("config/future50_mse.py")
-    assert (args["n_embd"], args["n_head"], args["n_layer"], args["block_size"], args["vocab_size"]) == (45, 9, 2, 24, 64)
+    assert (args["n_embd"], args["n_head"], args["n_layer"]) == (45, 9, 2)
+    assert (args["block_size"], args["vocab_size"]) == (24, 64)
     assert args["future_dim"] == round(50 * 23 / 199) == 6
     assert (args["start_layer"], args["end_layer"], args["future_attn_loss_type"]) == (1, 2, "mse")
     _, args = checked_args("config/future100_mse.py")
@@ -107,7 +112,8 @@ def test_shrink_keeps_baseline_layers_around_future_layers():
     _, args = checked_args("config/future50_mse.py", "--end_layer=1")
     assert (args["n_layer"], args["start_layer"], args["end_layer"]) == (2, 1, 1)
     # with the user's n_layer, the user's layer range is taken as it is
-    _, args = checked_args("config/future50_mse.py", "--n_layer=6", "--start_layer=3", "--end_layer=5")
+    _, args = checked_args("config/future50_mse.py", "--n_layer=6", "--start_layer=3",
+                           "--end_layer=5")
     assert (args["n_layer"], args["start_layer"], args["end_layer"]) == (6, 3, 5)
 
 
@@ -126,8 +132,8 @@ def test_shrink_scales_computed_future_keys():
     lines = []
     assert check_causal.check(model_type, args, log=lines.append) is None
     assert all("impl=readable" in line for line in lines)  # no fast path for computed keys
-    assert [line.split()[:3] for line in lines][:3] == [["eval", "mode,", "T=24,"], ["eval", "mode,", "T=16,"],
-                                                        ["train", "mode,", "T=24,"]]
+    assert [line.split()[:3] for line in lines][:3] == [
+        ["eval", "mode,", "T=24,"], ["eval", "mode,", "T=16,"], ["train", "mode,", "T=24,"]]
 
 
 def test_shrink_keeps_unequal_stacks_unequal():
@@ -145,23 +151,30 @@ def test_shrink_keeps_unequal_stacks_unequal():
 
 
 def test_user_flags_win_over_the_shrink():
-    _, args = checked_args("config/future50_mse.py", "--block_size=40", "--n_layer=3", "--dropout=0.1")
-    assert (args["block_size"], args["n_layer"], args["end_layer"], args["dropout"]) == (40, 3, 3, 0.1)
+    _, args = checked_args("config/future50_mse.py", "--block_size=40", "--n_layer=3",
+                           "--dropout=0.1")
+    sizes = (args["block_size"], args["n_layer"], args["end_layer"], args["dropout"])
+    assert sizes == (40, 3, 3, 0.1)
     assert args["future_dim"] == round(50 * 39 / 199) == 10  # scaled from 200 to the user's 40
-    _, args = checked_args("config/future50_mse.py", "--future_dim=100")  # of 199: scaled like the config's
+    # of 199: scaled like the config's
+    _, args = checked_args("config/future50_mse.py", "--future_dim=100")
     assert args["future_dim"] == round(100 * 23 / 199) == 12
     _, args = checked_args("config/future50_mse.py", "--future_dim=100", "--block_size=120")
     assert args["future_dim"] == 100
     _, args = checked_args("config/baseline.py", "--full_size=True")
-    assert (args["n_embd"], args["n_layer"], args["vocab_size"], args["dropout"]) == (160, 26, 50257, 0.0)
+    sizes = (args["n_embd"], args["n_layer"], args["vocab_size"], args["dropout"])
+    assert sizes == (160, 26, 50257, 0.0)
 
 
 def test_the_summary_names_what_was_shrunk(capsys):
     assert check_causal.main(["config/dropout02_baseline.py"]) == 0
     out = capsys.readouterr().out
-    assert ("shrunk to run in seconds (--full_size=True checks the config's own sizes): vocab_size 50257 → 64, "
-            "block_size 200 → 24, n_layer 26 → 2, n_embd 160 → 50, dropout 0.2 → 0.0") in out
-    assert out.rstrip().endswith("in eval and train mode")
+    assert ("shrunk to run in seconds (--full_size=True checks the config's own sizes): "
+            "vocab_size 50257 → 64, block_size 200 → 24, n_layer 26 → 2, n_embd 160 → 50, "
+            "dropout 0.2 → 0.0") in out
+    # what the checks do is said once, and the verdict refers to it
+    assert out.count(" change the token (no earlier logit may move) and take the gradient ") == 1
+    assert out.rstrip().endswith(check_causal.CAUSAL)
 
 
 def test_bad_settings_exit_2(capsys):
@@ -169,22 +182,27 @@ def test_bad_settings_exit_2(capsys):
     assert check_causal.main(["config/baseline.py", "--nonsense=3"]) == 2
     assert check_causal.main(["--probe"]) == 2
     err = capsys.readouterr().err
-    assert "probe_length must be at least 2" in err and "unknown key nonsense (--help lists the keys)" in err
+    assert "probe_length must be at least 2" in err
+    assert "unknown key nonsense (--help lists the keys)" in err
     assert "give one config file" in err
-    # one line each, no key list: a missing config file, a misspelt key of the checker or of train.py
-    for argv, line in ((["config/nope.py"], "error: config file config/nope.py not found"),
-                       (["config/baseline.py", "--probe_lenght", "8"], "error: unknown key probe_lenght; did you mean probe_length?"),
-                       (["config/baseline.py", "--n_layr=2"], "error: unknown key n_layr; did you mean n_layer?")):
+    # one line each, no key list: a missing config file, a misspelt key of the checker or of
+    # train.py
+    for argv, line in (
+            (["config/nope.py"], "error: config file config/nope.py not found"),
+            (["config/baseline.py", "--probe_lenght", "8"],
+             "error: unknown key probe_lenght; did you mean probe_length?"),
+            (["config/baseline.py", "--n_layr=2"],
+             "error: unknown key n_layr; did you mean n_layer?")):
         assert check_causal.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(line) and err.count("\n") == 1
 
 
 def test_flags_as_key_space_value():
-    spaced = check_causal.parse_args(["config/future50_mse.py", "--probe", "--batch", "3", "--n_layer", "4",
-                                      "--full_size", "False"])
-    joined = check_causal.parse_args(["config/future50_mse.py", "--probe=True", "--batch=3", "--n_layer=4",
-                                      "--full_size=False"])
+    spaced = check_causal.parse_args(["config/future50_mse.py", "--probe", "--batch", "3",
+                                      "--n_layer", "4", "--full_size", "False"])
+    joined = check_causal.parse_args(["config/future50_mse.py", "--probe=True", "--batch=3",
+                                      "--n_layer=4", "--full_size=False"])
     assert spaced == joined and spaced[0]["probe"] is True and spaced[2]["n_layer"] == 4
 
 
@@ -193,10 +211,12 @@ def test_flags_as_key_space_value():
 
 
 def attention(self, x, allowed, softmax_dim=-1):
-    """CausalSelfAttention's forward with its mask `allowed(i, j)` and softmax dimension spelled out."""
+    """CausalSelfAttention's forward with its mask `allowed(i, j)` and softmax dimension spelled
+    out."""
     B, T, C = x.size()
     q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+    # (B, T, C) -> (B, nh, T, hs)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
     A = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, nh, T, T)
     P = F.softmax(A.masked_fill(~allowed(i, j), float("-inf")), dim=softmax_dim)
@@ -217,13 +237,17 @@ def mask_one_key_too_wide(self, x):
 def cross_attention_unmasked(self, encoder_x, decoder_x):
     B, T, C = decoder_x.size()
     k, v = self.c_kv(encoder_x).split(self.n_embd, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (self.c_q(decoder_x), k, v))
-    y = F.scaled_dot_product_attention(q, k, v)  # no is_causal: query i reads encoder positions after i
+    # (B, T, C) -> (B, nh, T, hs)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+               for t in (self.c_q(decoder_x), k, v))
+    # no is_causal: query i reads encoder positions after i
+    y = F.scaled_dot_product_attention(q, k, v)
     return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
 def future_band_reads_real_keys(self, x, with_target=False):
-    """FutureAttention's forward whose band scores the real keys k_j, j = m+1, instead of K_future[:, m]."""
+    """FutureAttention's forward whose band scores the real keys k_j, j = m+1, instead of
+    K_future[:, m]."""
     B, T, C = x.size()
     q, k, v = self.heads(x)  # (B, nh, T, hs)
     K_future, V_future, future_dim = self.K_future, self.V_future, self.future_dim
@@ -231,35 +255,45 @@ def future_band_reads_real_keys(self, x, with_target=False):
     causal, band = j <= i, (j > i) & (j <= i + future_dim)
     A = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, T)
     P = F.softmax(A.masked_fill(~(causal | band), float("-inf")), dim=-1)
-    out_future = P.masked_fill(~band, 0.0)[..., 1:] @ V_future[:, :T - 1]  # key j reads V_future[j - 1]
+    # key j reads V_future[j - 1]
+    out_future = P.masked_fill(~band, 0.0)[..., 1:] @ V_future[:, :T - 1]
     out = P.masked_fill(~causal, 0.0) @ v + out_future
     target = model_future_attn.future_attention(q, k, v, K_future, V_future, future_dim=future_dim,
                                                 with_target=with_target)[2]
-    y = self.resid_dropout(self.c_proj(out.transpose(1, 2).reshape(B, T, C)))  # (B, nh, T, hs) -> (B, T, C)
-    return y, model_future_attn.future_attn_loss(out_future, target.detach(), self.loss_type) if with_target else None
+    # (B, nh, T, hs) -> (B, T, C)
+    y = self.resid_dropout(self.c_proj(out.transpose(1, 2).reshape(B, T, C)))
+    if not with_target:
+        return y, None
+    return y, model_future_attn.future_attn_loss(out_future, target.detach(), self.loss_type)
 
 
-def computed_keys_of_the_next_token(q, k, K_offset, K_offset_bias=None, *, block_size, with_target=False):
-    """computed_future_attention_weights whose future keys start from the next token's k_{i+1}, not k_i."""
+def computed_keys_of_the_next_token(q, k, K_offset, K_offset_bias=None, *, block_size,
+                                    with_target=False):
+    """computed_future_attention_weights whose future keys start from the next token's k_{i+1},
+    not k_i."""
     B, H, T, hs = q.shape
     future_dim = K_offset.size(1)
     n_future = min(T - 1 + future_dim, block_size - 1)
     k_next = torch.cat([k[:, :, 1:], k[:, :, -1:]], dim=2)  # (B, H, T, hs): row i holds k_{i+1}
     A_band = (q * k_next).sum(-1, keepdim=True) + q @ K_offset.transpose(-2, -1)  # (B, H, T, fd)
-    offsets = model_future_attn.future_offsets(T, n_future, future_dim, q.device).expand(B, H, T, n_future)
+    offsets = model_future_attn.future_offsets(T, n_future, future_dim, q.device)
+    offsets = offsets.expand(B, H, T, n_future)
     return model_future_attn.joint_softmax(q, k, A_band.gather(-1, offsets), future_dim=future_dim,
                                            with_target=with_target)
 
 
 PLANTED = {  # name: (module, attribute, replacement, config)
-    "softmax_over_queries": (model_baseline.CausalSelfAttention, "forward", softmax_over_queries, "config/baseline.py"),
-    "mask_one_key_too_wide": (model_baseline.CausalSelfAttention, "forward", mask_one_key_too_wide, "config/baseline.py"),
-    "cross_attention_unmasked": (model_encdec.CausalCrossAttention, "forward", cross_attention_unmasked,
-                                 "config/encdec_mse_possub.py"),
-    "future_band_reads_real_keys": (model_future_attn.FutureAttention, "forward", future_band_reads_real_keys,
-                                    "config/future50_mse.py"),
+    "softmax_over_queries": (model_baseline.CausalSelfAttention, "forward",
+                             softmax_over_queries, "config/baseline.py"),
+    "mask_one_key_too_wide": (model_baseline.CausalSelfAttention, "forward",
+                              mask_one_key_too_wide, "config/baseline.py"),
+    "cross_attention_unmasked": (model_encdec.CausalCrossAttention, "forward",
+                                 cross_attention_unmasked, "config/encdec_mse_possub.py"),
+    "future_band_reads_real_keys": (model_future_attn.FutureAttention, "forward",
+                                    future_band_reads_real_keys, "config/future50_mse.py"),
     "computed_keys_of_the_next_token": (model_future_attn, "computed_future_attention_weights",
-                                        computed_keys_of_the_next_token, "config/future50_mse_computed.py"),
+                                        computed_keys_of_the_next_token,
+                                        "config/future50_mse_computed.py"),
 }
 
 
@@ -334,7 +368,8 @@ def test_a_leak_through_the_targets_is_caught(monkeypatch):
     monkeypatch.setattr(model_baseline.GPT, "forward", peek)
     model_type, args = checked_args("config/baseline.py")
     leak = check_causal.check(model_type, args, log=silent)
-    assert (leak.how, leak.position, leak.later, leak.setting) == ("perturbation", 0, 1, "train mode, T=24")
+    assert (leak.how, leak.position, leak.later) == ("perturbation", 0, 1)
+    assert leak.setting == "train mode, T=24"
 
 
 def test_random_weights_open_paths_that_the_init_closes(monkeypatch):
@@ -345,7 +380,8 @@ def test_random_weights_open_paths_that_the_init_closes(monkeypatch):
     def next_token_through_a_zero_bias(self, x):
         return original(self, x) + self.c_proj.bias * x.roll(-1, dims=1)
 
-    monkeypatch.setattr(model_baseline.CausalSelfAttention, "forward", next_token_through_a_zero_bias)
+    monkeypatch.setattr(model_baseline.CausalSelfAttention, "forward",
+                        next_token_through_a_zero_bias)
     model_type, args = checked_args("config/baseline.py", "--bias=True")
     assert check_causal.check(model_type, args, log=silent).later == 1
     monkeypatch.setattr(check_causal, "randomize", lambda model, generator: None)
@@ -365,7 +401,8 @@ PROBE = dict(check_causal.CHECK_DEFAULTS, probe_length=8, probe_steps=150, probe
 
 
 def probe_of(path):
-    settings, original, config, user_keys = check_causal.parse_args([path, "--probe", "--probe_length=8"])
+    argv = [path, "--probe", "--probe_length=8"]
+    settings, original, config, user_keys = check_causal.parse_args(argv)
     _, probe_args = check_causal.plan(settings, original, config, user_keys)
     return check_causal.probe(config["model_type"], probe_args, PROBE, log=silent)
 
@@ -410,7 +447,8 @@ class Tiny(nn.Module):
     def __init__(self, output="tensor", peek=False, gate=False):
         super().__init__()
         self.output, self.peek = output, peek
-        self.embed, self.dropout, self.head = nn.Embedding(64, 16), nn.Dropout(0.5), nn.Linear(16, 64)
+        self.embed, self.dropout = nn.Embedding(64, 16), nn.Dropout(0.5)
+        self.head = nn.Linear(16, 64)
         self.gate = nn.Parameter(torch.zeros(16)) if gate else None
 
     def forward(self, idx):
@@ -420,7 +458,8 @@ class Tiny(nn.Module):
             x = x + self.gate * x.roll(-1, dims=1)
         logits = self.head(x)
         if self.peek:  # position 3 sees whether token 5 is odd: +1 to it changes them by 0.25
-            logits = logits + 0.25 * (torch.arange(idx.size(1)) == 3).view(-1, 1) * (idx[:, 5:6] % 2).unsqueeze(-1)
+            at_3 = (torch.arange(idx.size(1)) == 3).view(-1, 1)  # (T, 1)
+            logits = logits + 0.25 * at_3 * (idx[:, 5:6] % 2).unsqueeze(-1)
         if self.output == "tuple":
             return logits, None
         if self.output == "hf":
@@ -466,48 +505,163 @@ def not_a_model():
     return "a model"
 """
 
+# models that give no length in a config field: the checker finds one in the model, or checks at
+# its default, or backs off from a length where the forward fails
+LENGTH_MODELS = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class MaskedAttention(nn.Module):
+    # one head of attention as nanoGPT writes it: a causal mask buffer and a position table of
+    # 16 rows, and no config or length attribute
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(16, 32)
+        self.qkv, self.head = nn.Linear(32, 3 * 32), nn.Linear(32, 64)
+        self.register_buffer("mask", torch.ones(16, 16).tril().view(1, 16, 16))
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(T))
+        q, k, v = self.qkv(x).split(32, dim=-1)  # (B, T, 32) each
+        scores = (q @ k.transpose(1, 2)) / 32 ** 0.5  # (B, T queries, T keys)
+        scores = scores.masked_fill(self.mask[:, :T, :T] == 0, float("-inf"))
+        return self.head(x + scores.softmax(dim=-1) @ v)
+
+
+class BlockMixer(nn.Module):
+    # runs at any length: a running mean of the token embeddings, and (leak=True) the mean of
+    # the block of 8 positions each position is in, which holds the later tokens of its block
+    def __init__(self, leak):
+        super().__init__()
+        self.leak, self.tokens, self.head = leak, nn.Embedding(64, 32), nn.Linear(32, 64)
+
+    def forward(self, idx):
+        x = self.tokens(idx)  # (B, T, 32)
+        B, T, C = x.shape
+        mixed = x.cumsum(1) / torch.arange(1, T + 1).view(-1, 1)
+        if self.leak:
+            padded = F.pad(x, (0, 0, 0, -T % 8))  # (B, T rounded up to a multiple of 8, 32)
+            blocks = padded.view(B, -1, 8, C).mean(2)  # (B, number of blocks, 32)
+            mixed = mixed + blocks.repeat_interleave(8, dim=1)[:, :T]
+        return self.head(mixed)
+
+
+class Offset(nn.Module):
+    # RoBERTa's way: position ids start at padding_idx + 1 = 2, so the table of
+    # max_position_embeddings = 18 rows serves inputs of up to 16 tokens
+    max_position_embeddings = 18
+
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(18, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tokens(idx) + self.positions(torch.arange(2, T + 2))
+        return self.head(x.cumsum(1))
+
+
+class ExactLength(nn.Module):
+    # adds its whole position table: it runs at 12 tokens and at no other length
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(12, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, idx):
+        return self.head((self.tokens(idx) + self.positions.weight).cumsum(1))
+
+
+class NoLength(nn.Module):
+    # fails at every length
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(64, 32)
+
+    def forward(self, idx):
+        raise RuntimeError(f"no forward at {idx.size(1)} tokens")
+
+
+def masked_attention():
+    return MaskedAttention()
+
+
+def block_mixer():
+    return BlockMixer(leak=True)
+
+
+def running_mean():
+    return BlockMixer(leak=False)
+
+
+def offset():
+    return Offset()
+
+
+def exact_length():
+    return ExactLength()
+
+
+def no_length():
+    return NoLength()
+"""
+
 
 @pytest.fixture
 def own_models(tmp_path, monkeypatch):
     """own_models.py (OWN_MODELS) in the current directory, a fresh one; what the checker adds
     to sys.path and sys.modules is undone after."""
     (tmp_path / "own_models.py").write_text(OWN_MODELS)
+    (tmp_path / "length_models.py").write_text(LENGTH_MODELS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield "own_models.py"
-    for name in ("own_models", "mypackage", "mypackage.models"):
+    for name in ("own_models", "length_models", "mypackage", "mypackage.models"):
         sys.modules.pop(name, None)
 
 
 def test_a_leak_is_named_where_it_starts_whatever_the_output(own_models, capsys):
-    # position 3 sees token 5, by exactly 0.25, whether the logits come as a tensor, a tuple or .logits
+    # position 3 sees token 5, by exactly 0.25, whether the logits come as a tensor, a tuple or
+    # .logits
     models = ",".join(f"own_models.py:peek_{form}" for form in ("tensor", "tuple", "hf"))
     assert check_causal.main([f"--model={models}"]) == 1
     out = capsys.readouterr().out
     leaks = [line for line in out.splitlines() if line.startswith("LEAK")]
-    leak = "LEAK: logits at position 3 change by 0.25 when the token at position 5 changes (eval mode, T=8)"
+    leak = ("LEAK: logits at position 3 change by 0.25 when the token at position 5 changes "
+            "(eval mode, T=8)")
     assert leaks == [leak] * 3
     assert out.rstrip().endswith(f"0 of 3 models causal; not causal: {models.replace(',', ', ')}")
 
 
 def test_weights_are_redrawn_unless_kept(own_models, capsys):
-    # a path through a parameter that starts at 0: random weights open it; the model's own keep it shut.
-    # Train mode draws dropout masks: the checks stay exact, since every forward draws the same ones
+    # a path through a parameter that starts at 0: random weights open it; the model's own keep
+    # it shut. Train mode draws dropout masks: the checks stay exact, since every forward draws
+    # the same ones
     assert check_causal.main(["--model=own_models.py:gated"]) == 1
     assert "LEAK: logits at position 0 change by " in capsys.readouterr().out
-    assert check_causal.main(["--model=own_models.py:gated,own_models.py:causal", "--keep_weights"]) == 0
+    models = "own_models.py:gated,own_models.py:causal"
+    assert check_causal.main([f"--model={models}", "--keep_weights"]) == 0
     out = capsys.readouterr().out
-    assert "the model's own weights" in out and "train mode, T=8" in out and "2 of 2 models causal" in out
+    assert "the model's own weights" in out and "train mode, T=8" in out
+    assert "2 of 2 models causal" in out
 
 
 def test_the_vocabulary_the_length_and_the_embedding_are_found(own_models, capsys):
     assert check_causal.main(["--model=own_models.py:causal"]) == 0
-    assert ("vocab_size 64 from the logits' last dimension; block_size 8 from block_size; token embeddings from "
-            "embed, the one nn.Embedding of 64 rows") in capsys.readouterr().out
-    assert check_causal.main(["--model=own_models.py:two_embeddings", "--embedding=embed", "--vocab_size=50",
-                              "--block_size=6"]) == 0
-    assert "vocab_size 50 from --vocab_size; block_size 6 from --block_size; token embeddings from --embedding=embed" \
-        in capsys.readouterr().out
+    out = capsys.readouterr().out
+    header = r"^own_models.py:causal: Tiny, [\d,]+ parameters; T=8 from block_size$"
+    assert re.search(header, out, re.M)
+    assert ("vocab_size 64 from the logits' last dimension; token embeddings from embed, the one "
+            "nn.Embedding of 64 rows") in out
+    assert check_causal.main(["--model=own_models.py:two_embeddings", "--embedding=embed",
+                              "--vocab_size=50", "--block_size=6"]) == 0
+    out = capsys.readouterr().out
+    assert "; T=6 from --block_size\n" in out
+    assert "vocab_size 50 from --vocab_size; token embeddings from --embedding=embed" in out
 
     class HasConfig(torch.nn.Module):
         def __init__(self, config):
@@ -517,14 +671,21 @@ def test_the_vocabulary_the_length_and_the_embedding_are_found(own_models, capsy
         def get_input_embeddings(self):
             return self.words
 
-    hf_like = HasConfig(type("Config", (), dict(vocab_size=7, n_positions=16, max_position_embeddings=20))())
-    assert check_causal.size_of(hf_like, ("vocab_size",), 0, "vocab_size") == (7, "config.vocab_size")
-    assert check_causal.size_of(hf_like, check_causal.LENGTH_NAMES, 0, "block_size") == (16, "config.n_positions")
-    assert check_causal.size_of(HasConfig(dict(block_size=12)), check_causal.LENGTH_NAMES, 0, "block_size") == \
-        (12, "config.block_size")
-    assert check_causal.size_of(HasConfig(None), check_causal.LENGTH_NAMES, 0, "block_size") == (99, "max_seq_len")
-    assert check_causal.size_of(HasConfig(None), ("vocab_size",), 0, "vocab_size") == (None, None)
-    assert check_causal.token_embedding(hf_like, 64, "") == (hf_like.words, "words, its get_input_embeddings()")
+    def length_of(model):
+        return check_causal.size_of(model, check_causal.LENGTH_NAMES, 0, "block_size")
+
+    def vocabulary_of(model):
+        return check_causal.size_of(model, ("vocab_size",), 0, "vocab_size")
+
+    config = type("Config", (), dict(vocab_size=7, n_positions=16, max_position_embeddings=20))()
+    hf_like = HasConfig(config)
+    assert vocabulary_of(hf_like) == (7, "config.vocab_size")
+    assert length_of(hf_like) == (16, "config.n_positions")
+    assert length_of(HasConfig(dict(block_size=12))) == (12, "config.block_size")
+    assert length_of(HasConfig(None)) == (99, "max_seq_len")
+    assert vocabulary_of(HasConfig(None)) == (None, None)
+    assert check_causal.token_embedding(hf_like, 64, "") == (
+        hf_like.words, "words, its get_input_embeddings()")
 
 
 def test_a_dotted_module_is_imported_from_the_current_directory(own_models, capsys):
@@ -534,29 +695,90 @@ def test_a_dotted_module_is_imported_from_the_current_directory(own_models, caps
     assert "mypackage.models:causal: Tiny, " in capsys.readouterr().out
 
 
+def test_a_length_is_found_in_the_mask_buffer_and_the_position_table(own_models, capsys):
+    assert check_causal.main(["--model=length_models.py:masked_attention"]) == 0
+    out = capsys.readouterr().out
+    assert ("; T=16 from its mask buffer mask (16×16) and position table positions "
+            "(an nn.Embedding of 16 rows)\n") in out
+    assert "token embeddings from tokens, the one nn.Embedding of 64 rows" in out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  ")][1:] == [
+        ["eval", "mode,", "T=16"], ["eval", "mode,", "T=10"], ["train", "mode,", "T=16"],
+        ["train", "mode,", "T=10"]]
+    assert out.rstrip().endswith(" s]") and check_causal.CAUSAL in out
+
+
+def test_a_mask_buffer_is_one_square_of_two_values():
+    model = torch.nn.Module()
+    model.register_buffer("causal", torch.ones(8, 8, dtype=torch.bool).tril().view(1, 1, 8, 8))
+    model.register_buffer("additive", torch.full((6, 6), float("-inf")).triu(1))  # 0 and -inf
+    model.register_buffer("table", torch.randn(5, 5))  # square, but not a mask
+    model.register_buffer("per_head", torch.ones(2, 4, 4).tril())  # two masks, not one
+    model.register_buffer("row", torch.ones(1, 7))
+    assert check_causal.mask_buffers(model) == [("causal", 8), ("additive", 6)]
+
+
+def test_a_model_of_any_length_is_checked_at_the_default(own_models, capsys):
+    # a mixer that runs at any length: checked at 64 and 42, where its block average leaks
+    models = "length_models.py:block_mixer,length_models.py:running_mean"
+    assert check_causal.main([f"--model={models}"]) == 1
+    out = capsys.readouterr().out
+    default = "; T=64 from the default: the model gives no length (no config field, mask buffer or "
+    assert out.count(default) == 2
+    leak = (r"^LEAK: logits at position 0 change by \S+ when the token at position 1 "
+            r"changes \(eval mode, T=64\)$")
+    assert re.search(leak, out, re.M)
+    assert out.rstrip().endswith("1 of 2 models causal; not causal: length_models.py:block_mixer")
+
+
+def test_a_length_where_the_forward_fails_backs_off(own_models, capsys):
+    assert check_causal.lengths_to_try(34) == [34, 33, 32, 31, 30, 17, 8, 4, 2]
+    assert check_causal.lengths_to_try(3) == [3, 2] and check_causal.lengths_to_try(2) == [2]
+    # position ids from 2: max_position_embeddings is 18, the longest input 16
+    assert check_causal.main(["--model=length_models.py:offset"]) == 0
+    out = capsys.readouterr().out
+    assert ("; T=16, the longest length tried that works: T=18, from max_position_embeddings, "
+            "fails (IndexError: index out of range in self (") in out
+    assert "  eval mode, T=16 " in out and "  eval mode, T=10 " in out
+    # a model that runs at its table's 12 positions only: checked there, the shorter T skipped
+    assert check_causal.main(["--model=length_models.py:exact_length"]) == 0
+    out = capsys.readouterr().out
+    assert "; T=12 from its position table positions (an nn.Embedding of 12 rows)\n" in out
+    assert "  T=8 skipped: the forward fails there (RuntimeError: " in out
+    assert "  train mode, T=12 " in out and "T=8 " not in out.split("skipped")[1]
+
+
 @pytest.mark.parametrize("flags, error", [
-    (["--model=own_models.py"], "error: --model=own_models.py: write MODULE:FACTORY, e.g. --model=my_models.py:"),
+    (["--model=own_models.py"],
+     "error: --model=own_models.py: write MODULE:FACTORY, e.g. --model=my_models.py:"),
     (["--model=nowhere.py:tiny"], "error: no file nowhere.py: MODULE is a .py file"),
     (["--model=nowhere.models:tiny"], "error: no module nowhere.models from "),
-    (["--model=own_models.py:tiny"], "error: own_models.py has no function tiny; it defines Tiny, causal, gated, "),
+    (["--model=own_models.py:tiny"],
+     "error: own_models.py has no function tiny; it defines Tiny, causal, gated, "),
     (["--model=own_models.py:broken"], "error: broken() failed: RuntimeError: no weights here ("),
-    (["--model=own_models.py:not_a_model"], "error: own_models.py:not_a_model: expected the factory to return "
-                                            "a torch.nn.Module that maps token ids (B, T) to logits (B, T, vocab), "
-                                            "got a str"),
-    (["--model=own_models.py:last_only"], "error: expected logits (1, 8, vocab) at every position for token ids "
-                                          "(1, 8): a tensor, a tuple or list that starts with one, or an object with "
-                                          ".logits; the model returned a tensor of shape (1, 1, 64)"),
-    (["--model=own_models.py:two_embeddings"], "error: cannot tell which module embeds the tokens: no "
-                                               "get_input_embeddings() and 2 nn.Embedding of 64 rows (its nn.Embedding "
-                                               "modules: embed, spare); name the module whose output is the token "
-                                               "embeddings with --embedding=ATTR.PATH"),
+    (["--model=own_models.py:not_a_model"],
+     "error: own_models.py:not_a_model: expected the factory to return a torch.nn.Module that "
+     "maps token ids (B, T) to logits (B, T, vocab), got a str"),
+    (["--model=own_models.py:last_only"],
+     "error: expected logits (1, 8, vocab) at every position for token ids (1, 8): a tensor, a "
+     "tuple or list that starts with one, or an object with .logits; the model returned a tensor "
+     "of shape (1, 1, 64)"),
+    (["--model=own_models.py:two_embeddings"],
+     "error: cannot tell which module embeds the tokens: no get_input_embeddings() and 2 "
+     "nn.Embedding of 64 rows (its nn.Embedding modules: embed, spare); name the module whose "
+     "output is the token embeddings with --embedding=ATTR.PATH"),
     (["--model=own_models.py:causal", "--embedding=head.weight"],
      "error: --embedding=head.weight: the model has no module"),
     (["--model=own_models.py:causal", "--block_size=1"], "error: block_size must be at least 2"),
-    (["--model=own_models.py:causal", "--probe"], "error: the probe's 16 digits 0..9 need block_size >= 16"),
-    (["--model=own_models.py:causal", "config/baseline.py"], "error: --model checks the model its factory builds: "
-                                                             "give no config file (config/baseline.py) with it"),
-    (["--model=own_models.py:causal", "--full_size"], "error: --model checks the model at its own sizes already"),
+    (["--model=length_models.py:no_length"],
+     "error: length_models.py:no_length: the forward of token ids (1, T) fails at every length "
+     "tried, T=64 down to 2; at T=64: RuntimeError: no forward at 64 tokens ("),
+    (["--model=own_models.py:causal", "--probe"],
+     "error: the probe's 16 digits 0..9 need block_size >= 16"),
+    (["--model=own_models.py:causal", "config/baseline.py"],
+     "error: --model checks the model its factory builds: give no config file "
+     "(config/baseline.py) with it"),
+    (["--model=own_models.py:causal", "--full_size"],
+     "error: --model checks the model at its own sizes already"),
 ])
 def test_what_the_checker_cannot_read_exits_2_with_one_line(own_models, flags, error, capsys):
     assert check_causal.main(flags) == 2
@@ -569,14 +791,15 @@ def test_what_the_checker_cannot_read_exits_2_with_one_line(own_models, flags, e
 
 def check_from_the_command_line(folder, *flags):
     """(exit status, output) of `python check_causal.py FLAGS`, run in folder as a user runs it."""
-    done = subprocess.run([sys.executable, os.path.join(REPO, "check_causal.py"), *flags], cwd=folder,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, os.path.join(REPO, "check_causal.py"), *flags],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, done.stdout
 
 
 def verdicts(out):
-    """{MODULE:FACTORY: its verdict line, 'causal: ...' or 'LEAK: ...'} from check_causal's output."""
+    """{MODULE:FACTORY: its verdict line, 'causal: ...' or 'LEAK: ...'} from check_causal's
+    output."""
     found, model = {}, None
     for line in out.splitlines():
         header = re.match(r"(\S+:\w+): ", line)
@@ -588,16 +811,19 @@ def verdicts(out):
 
 
 def skip_unless_installed(library):
-    # find_spec, not importorskip: importing transformers here would cost seconds the subprocess pays again
+    # find_spec, not importorskip: importing transformers here would cost seconds the subprocess
+    # pays again
     if importlib.util.find_spec(library) is None:
         pytest.skip(f"{library} is not installed (pip install -r requirements-test.txt)")
 
 
 HF_MODELS = """
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import RobertaConfig, RobertaForCausalLM
 
-TINY = dict(vocab_size=64, max_position_embeddings=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4)
+TINY = dict(vocab_size=64, max_position_embeddings=32, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=4)
 
 
 def gpt2(attn_implementation="sdpa"):  # HF's default attention; "eager" is its plain PyTorch one
@@ -611,7 +837,8 @@ def gpt2_eager():
 
 
 def llama(attn_implementation="sdpa"):
-    return LlamaForCausalLM(LlamaConfig(**TINY, num_key_value_heads=2, attn_implementation=attn_implementation))
+    config = LlamaConfig(**TINY, num_key_value_heads=2, attn_implementation=attn_implementation)
+    return LlamaForCausalLM(config)
 
 
 def llama_eager():
@@ -620,23 +847,44 @@ def llama_eager():
 
 def bert():
     return BertForMaskedLM(BertConfig(**TINY))
+
+
+def roberta():  # position ids start at pad_token_id + 1 = 2: inputs of up to 32 tokens
+    config = RobertaConfig(**dict(TINY, max_position_embeddings=34), pad_token_id=1,
+                           is_decoder=True)
+    return RobertaForCausalLM(config)
+
+
+def bloom():  # ALiBi: no length in its config
+    return BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4))
 """
 
 
 def test_hf_transformers_causal_lms_pass_and_bert_leaks(tmp_path):
+    # RoBERTa's length in its config is 2 more than it runs at; BLOOM's config has none
     skip_unless_installed("transformers")
     (tmp_path / "hf_models.py").write_text(HF_MODELS)
-    names = ("gpt2", "gpt2_eager", "llama", "llama_eager", "bert")
-    status, out = check_from_the_command_line(tmp_path, "--model=" + ",".join(f"hf_models.py:{n}" for n in names))
+    names = ("gpt2", "gpt2_eager", "llama", "llama_eager", "bert", "roberta", "bloom")
+    models = ",".join(f"hf_models.py:{n}" for n in names)
+    status, out = check_from_the_command_line(tmp_path, f"--model={models}")
     assert verdicts(out) == {"hf_models.py:gpt2": "causal", "hf_models.py:gpt2_eager": "causal",
                              "hf_models.py:llama": "causal", "hf_models.py:llama_eager": "causal",
-                             "hf_models.py:bert": "LEAK"}, out
+                             "hf_models.py:bert": "LEAK", "hf_models.py:roberta": "causal",
+                             "hf_models.py:bloom": "causal"}, out
+    assert "hf_models.py:roberta: RobertaForCausalLM, " in out
+    assert ("; T=32, the longest length tried that works: T=34, from "
+            "config.max_position_embeddings, fails (") in out
+    assert ("hf_models.py:bloom: BloomForCausalLM, " in out
+            and "; T=64 from the default: the model gives no length" in out)
     assert status == 1
-    assert ("vocab_size 64 from config.vocab_size; block_size 32 from config.n_positions; token embeddings from "
-            "transformer.wte, its get_input_embeddings()") in out
-    assert "block_size 32 from config.max_position_embeddings; token embeddings from model.embed_tokens, its" in out
-    assert re.search(r"LEAK: logits at position 0 change by \S+ when the token at position 1 changes \(eval mode, "
-                     r"T=32\)", out)
+    assert "hf_models.py:gpt2: GPT2LMHeadModel, " in out
+    assert "; T=32 from config.n_positions\n" in out
+    assert ("vocab_size 64 from config.vocab_size; token embeddings from transformer.wte, its "
+            "get_input_embeddings()") in out
+    assert "; T=32 from config.max_position_embeddings\n" in out
+    assert "token embeddings from model.embed_tokens, its get_input_embeddings()" in out
+    assert re.search(r"LEAK: logits at position 0 change by \S+ when the token at position 1 "
+                     r"changes \(eval mode, T=32\)", out)
 
 
 XT_MODELS = """
@@ -644,22 +892,27 @@ from x_transformers import Decoder, Encoder, TransformerWrapper
 
 
 def decoder():
-    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=Decoder(dim=32, depth=2, heads=4))
+    layers = Decoder(dim=32, depth=2, heads=4)
+    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=layers)
 
 
 def encoder():
-    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=Encoder(dim=32, depth=2, heads=4))
+    layers = Encoder(dim=32, depth=2, heads=4)
+    return TransformerWrapper(num_tokens=64, max_seq_len=32, attn_layers=layers)
 """
 
 
 def test_x_transformers_decoder_passes_and_encoder_leaks(tmp_path):
     skip_unless_installed("x_transformers")
     (tmp_path / "xt_models.py").write_text(XT_MODELS)
-    status, out = check_from_the_command_line(tmp_path, "--model=xt_models:decoder,xt_models:encoder")  # a dotted path
+    # MODULE as a dotted path
+    status, out = check_from_the_command_line(tmp_path,
+                                              "--model=xt_models:decoder,xt_models:encoder")
     assert verdicts(out) == {"xt_models:decoder": "causal", "xt_models:encoder": "LEAK"}, out
     assert status == 1
-    assert ("vocab_size 64 from the logits' last dimension; block_size 32 from max_seq_len; token embeddings from "
-            "token_emb.emb, the one nn.Embedding of 64 rows") in out
+    assert "; T=32 from max_seq_len\n" in out
+    assert ("vocab_size 64 from the logits' last dimension; token embeddings from token_emb.emb, "
+            "the one nn.Embedding of 64 rows") in out
 
 
 TORCH_MODELS = """
@@ -673,19 +926,23 @@ class Encoder(nn.Module):
         super().__init__()
         self.causal = causal
         self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(32, 32)
-        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True,
+                                           norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.lm_head = nn.Linear(32, 64)
 
     def forward(self, idx):
         T = idx.size(1)
         x = self.tokens(idx) + self.positions(torch.arange(T))
-        mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype) if self.causal else None
+        mask = None
+        if self.causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
         return self.lm_head(self.encoder(x, mask=mask, is_causal=self.causal))
 
 
 class SoftmaxOverQueries(nn.Module):
-    # the "degenerate attention" blog post's bug: the mask is right, the softmax runs down the queries
+    # the "degenerate attention" blog post's bug: the mask is right, the softmax runs down the
+    # queries
     def __init__(self):
         super().__init__()
         self.tokens, self.positions = nn.Embedding(64, 32), nn.Embedding(32, 32)
@@ -717,13 +974,16 @@ def softmax_over_queries():
 def test_torch_encoder_passes_with_the_causal_mask_and_leaks_without(tmp_path):
     (tmp_path / "torch_models.py").write_text(TORCH_MODELS)
     models = "torch_models.py:masked,torch_models.py:unmasked,torch_models.py:softmax_over_queries"
-    # flags as `--key value` and a bare --probe, as a user may type them; the probe runs for the causal one
-    status, out = check_from_the_command_line(tmp_path, "--model", models, "--block_size", "32", "--probe",
-                                              "--probe_length=8", "--probe_steps=100", "--probe_batch=32")
+    # flags as `--key value` and a bare --probe, as a user may type them; the probe runs for the
+    # causal one
+    status, out = check_from_the_command_line(tmp_path, "--model", models, "--block_size", "32",
+                                              "--probe", "--probe_length=8", "--probe_steps=100",
+                                              "--probe_batch=32")
     assert verdicts(out) == {"torch_models.py:masked": "causal", "torch_models.py:unmasked": "LEAK",
                              "torch_models.py:softmax_over_queries": "LEAK"}, out
     assert status == 1
-    assert "block_size 32 from --block_size; token embeddings from tokens, the one nn.Embedding of 64 rows" in out
+    assert "; T=32 from --block_size\n" in out
+    assert "token embeddings from tokens, the one nn.Embedding of 64 rows" in out
     assert "causal: accuracy on the first half is at chance" in out
 
 
@@ -734,7 +994,8 @@ def demo():
     path = plant(monkeypatch, "softmax_over_queries")
     print(f"$ python check_causal.py {path}   # softmax over the queries, planted")
     print(f"exit status {check_causal.main([path])}")
-    settings, original, config, user_keys = check_causal.parse_args([path, "--probe", *sys.argv[1:]])
+    argv = [path, "--probe", *sys.argv[1:]]
+    settings, original, config, user_keys = check_causal.parse_args(argv)
     _, probe_args = check_causal.plan(settings, original, config, user_keys)
     print(f"\nthe probe on the same model: {check_causal.describe_changes(original, probe_args)}")
     result = check_causal.probe(config["model_type"], probe_args, settings, seed=config["seed"])

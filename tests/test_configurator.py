@@ -1,7 +1,7 @@
 """
 Tests of configurator.py: a config file, then --key=value or --key value flags over it, an
 unknown key answered with the closest one, a wrong type with the expected type and the value
-now in force (read through settings.get_config, as the scripts do).
+now in force (read through train.get_config, as the scripts do).
 Run: python -m pytest -q test_configurator.py
 """
 

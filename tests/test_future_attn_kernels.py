@@ -34,7 +34,8 @@ from lib import future_attn_kernels as kernels
 TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-SIZES = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)  # of the tiny models here
+# the sizes of the tiny models here
+SIZES = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)
 
 # (T, C, future_dim, head size, bias, queries_per_block): T < C and T = C, future_dim 1
 # and C-1, odd head sizes, one block and many (uneven: 130 = 5 blocks of 26)
@@ -59,10 +60,12 @@ def make_inputs(T, C, hs, bias, seed, B=2, H=3):
     return tensors + [None] * (7 - len(tensors))
 
 
-def run_attention(fn, inputs, *, future_dim, with_target, detach_target, loss_type, seed, fast_kw={}):
+def run_attention(fn, inputs, *, future_dim, with_target, detach_target, loss_type, seed,
+                  fast_kw={}):
     """fn's three outputs, its future-attention loss, and the gradients of a random
     weighting of out plus that loss with respect to every input."""
-    out, out_future, out_future_star = fn(*inputs, future_dim=future_dim, with_target=with_target, **fast_kw)
+    out, out_future, out_future_star = fn(*inputs, future_dim=future_dim, with_target=with_target,
+                                          **fast_kw)
     g = torch.Generator().manual_seed(seed)
     total = (out * torch.randn(out.shape, generator=g).to(out.device)).sum()
     loss = None
@@ -77,8 +80,10 @@ def run_attention(fn, inputs, *, future_dim, with_target, detach_target, loss_ty
 
 @pytest.mark.parametrize("T, C, future_dim, hs, bias, queries_per_block", CASES)
 @pytest.mark.parametrize("with_target, detach_target, loss_type",
-                         [(False, True, "mse"), (True, True, "mse"), (True, False, "mse"), (True, False, "cosine")])
-def test_fast_matches_readable(T, C, future_dim, hs, bias, queries_per_block, with_target, detach_target, loss_type):
+                         [(False, True, "mse"), (True, True, "mse"), (True, False, "mse"),
+                          (True, False, "cosine")])
+def test_fast_matches_readable(T, C, future_dim, hs, bias, queries_per_block, with_target,
+                               detach_target, loss_type):
     inputs = make_inputs(T, C, hs, bias, seed=T + future_dim)
     kw = dict(future_dim=future_dim, with_target=with_target, detach_target=detach_target,
               loss_type=loss_type, seed=1)
@@ -144,15 +149,16 @@ def test_flex_builds_each_block_mask_once_for_all_layers(training, monkeypatch):
 
 def test_fast_is_causal():
     # out and out_future at positions <= i must not change when q, k, v after i do
-    q, k, v, K_future, V_future, K_future_bias, V_future_bias = make_inputs(40, 40, 4, bias=True, seed=3)
+    inputs = make_inputs(40, 40, 4, bias=True, seed=3)
+    q, k, v, K_future, V_future, K_future_bias, V_future_bias = inputs
     i = 17
     with torch.no_grad():
-        before = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                               future_dim=9, queries_per_block=8)
+        before = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias,
+                                               V_future_bias, future_dim=9, queries_per_block=8)
         for x in (q, k, v):
             x[:, :, i + 1:] += 5.0
-        after = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias, V_future_bias,
-                                              future_dim=9, queries_per_block=8)
+        after = kernels.future_attention_fast(q, k, v, K_future, V_future, K_future_bias,
+                                              V_future_bias, future_dim=9, queries_per_block=8)
     for a, b in zip(before[:2], after[:2]):
         torch.testing.assert_close(a[:, :, :i + 1], b[:, :, :i + 1], rtol=0, atol=1e-6)
         assert not torch.allclose(a[:, :, i + 1:], b[:, :, i + 1:])  # the change did arrive
@@ -173,13 +179,15 @@ def spy(monkeypatch, module, name):
 
 
 def first_layer(**overrides):
-    """The first FutureAttention layer of a tiny model (its weights initialized), and an input (2, 16, 24)."""
+    """The first FutureAttention layer of a tiny model (its weights initialized), and an input
+    (2, 16, 24)."""
     layer = tiny(mf, SIZES, **overrides).transformer.h[0].attn
     return layer, torch.randn(2, 16, 24, generator=torch.Generator().manual_seed(0))
 
 
 def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
-    fast, readable = spy(monkeypatch, kernels, "future_attention_fast"), spy(monkeypatch, mf, "future_attention")
+    fast = spy(monkeypatch, kernels, "future_attention_fast")
+    readable = spy(monkeypatch, mf, "future_attention")
     layer, x = first_layer(dropout=0.1)
     assert layer.impl == "auto"
     layer.eval()(x)  # no dropout outside training
@@ -192,8 +200,10 @@ def test_auto_picks_fast_on_cpu_and_readable_with_dropout(monkeypatch):
 
 
 def test_auto_picks_readable_before_the_window_is_full(monkeypatch):
-    # generation's lengths T < C: the faster versions plan for one T and would compile once per length
-    fast, readable = spy(monkeypatch, kernels, "future_attention_fast"), spy(monkeypatch, mf, "future_attention")
+    # generation's lengths T < C: the faster versions plan for one T, and would compile once
+    # per length
+    fast = spy(monkeypatch, kernels, "future_attention_fast")
+    readable = spy(monkeypatch, mf, "future_attention")
     layer, x = first_layer()
     layer.eval()(x[:, :7])
     assert (len(fast), len(readable)) == (0, 1)
@@ -229,8 +239,10 @@ def test_auto_runs_the_readable_computed_attention(dropout_p, monkeypatch):
         torch.manual_seed(0)  # the same dropout masks, drawn in the same order
         q, k, v = layer.heads(x)
         out, out_future, out_future_star = mf.computed_future_attention(
-            q, k, v, layer.K_offset, layer.V_offset, block_size=T, dropout_p=dropout_p, with_target=True)
-        y = layer.resid_dropout(layer.c_proj(out.transpose(1, 2).reshape(B, T, C)))  # (B, nh, T, hs) -> (B, T, C)
+            q, k, v, layer.K_offset, layer.V_offset, block_size=T, dropout_p=dropout_p,
+            with_target=True)
+        # (B, nh, T, hs) -> (B, T, C)
+        y = layer.resid_dropout(layer.c_proj(out.transpose(1, 2).reshape(B, T, C)))
         expected = (y, mf.future_attn_loss(out_future, out_future_star.detach(), "mse"))
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -251,9 +263,10 @@ def test_computed_future_keys_refuse_the_fast_paths(impl):
 def test_set_impl_sets_every_future_layer_and_nothing_saved():
     model = tiny(mf, SIZES, n_layer=4, start_layer=2, end_layer=3)
     state_keys, args = set(model.state_dict()), dataclasses.asdict(model.config)
-    assert [getattr(block.attn, "impl", None) for block in model.transformer.h] == [None, "auto", "auto", None]
+    blocks = model.transformer.h
+    assert [getattr(block.attn, "impl", None) for block in blocks] == [None, "auto", "auto", None]
     assert model.set_impl("fast") is model
-    assert [getattr(block.attn, "impl", None) for block in model.transformer.h] == [None, "fast", "fast", None]
+    assert [getattr(block.attn, "impl", None) for block in blocks] == [None, "fast", "fast", None]
     # a setting of the run: checkpoints (state_dict, model_args) stay as they were
     assert set(model.state_dict()) == state_keys and dataclasses.asdict(model.config) == args
     assert "impl" not in args
@@ -267,9 +280,11 @@ import model_future_attn as mf
 torch.set_num_threads(1)
 calls = []
 readable = mf.future_attention
-mf.future_attention = lambda *a, **kw: calls.append(1) or readable(*a, **kw)  # counts the readable path
+# counts the calls of the readable path
+mf.future_attention = lambda *a, **kw: calls.append(1) or readable(*a, **kw)
 torch.manual_seed(0)
-model = mf.GPT(mf.GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16, future_dim=4))
+model = mf.GPT(mf.GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                            future_dim=4))
 optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.99), "cpu")
 x = torch.randint(32, (4, 17))
 losses = []
@@ -293,16 +308,19 @@ print(json.dumps(dict(
 
 
 def test_the_model_file_runs_alone(tmp_path):
-    # model_future_attn.py copied by itself into an empty folder: it builds and trains with the readable version
+    # model_future_attn.py copied by itself into an empty folder: it builds and trains with the
+    # readable version
     shutil.copy(os.path.join(REPO, "model_future_attn.py"), tmp_path)
     (tmp_path / "alone.py").write_text(ALONE)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # the repository is not on sys.path
-    done = subprocess.run([sys.executable, "alone.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    # without PYTHONPATH, the repository is not on sys.path
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "alone.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["model_file"] == str(tmp_path / "model_future_attn.py")
-    assert result["kernels"] is None and result["others"] == []  # nothing of the repository in reach
+    # nothing of the repository is in reach
+    assert result["kernels"] is None and result["others"] == []
     losses = result["losses"]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
     assert result["readable_calls"] == 2 * 8  # both future layers, every step
@@ -323,7 +341,8 @@ def forward_backward(model, idx, targets, impl):
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(bias=True, future_attn_loss_type="cosine"),
-                                       dict(detach_future_ground_truth=False, future_dim=15, start_layer=2)])
+                                       dict(detach_future_ground_truth=False, future_dim=15,
+                                            start_layer=2)])
 @pytest.mark.parametrize("training", [True, False])
 def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
     model = tiny(mf, SIZES, **overrides).train(training)
@@ -336,12 +355,14 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
     assert len(fast_calls) == n_future_layers  # the fast path really ran
     torch.testing.assert_close(got[0], ref[0], **TOL)  # logits
     torch.testing.assert_close(got[1], ref[1], **TOL)  # loss
-    assert got[2].keys() == ref[2].keys() == ({"future_attn_loss", "future_attn_loss_per_layer"} if training else set())
+    aux_keys = {"future_attn_loss", "future_attn_loss_per_layer"} if training else set()
+    assert got[2].keys() == ref[2].keys() == aux_keys
     for key in ref[2]:
         torch.testing.assert_close(got[2][key], ref[2][key], **TOL)
     assert got[3].keys() == ref[3].keys()
     for name in ref[3]:
-        torch.testing.assert_close(got[3][name], ref[3][name], **TOL, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(got[3][name], ref[3][name], **TOL,
+                                   msg=lambda m: f"grad {name}: {m}")
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -360,7 +381,8 @@ def assert_causal(model, idx, targets, positions, vocab_size):
         with torch.no_grad():
             before, _, _ = model(idx, targets)
             after, _, _ = model(changed, targets)
-        torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5, msg=f"position {i}")
+        torch.testing.assert_close(before[:, :i + 1], after[:, :i + 1], rtol=0, atol=1e-5,
+                                   msg=f"position {i}")
         assert not torch.allclose(before[:, i + 1:], after[:, i + 1:])  # the change did arrive
 
 
@@ -372,7 +394,8 @@ def assert_causal(model, idx, targets, positions, vocab_size):
 
 
 def one_layer(module, **options):
-    """A one-layer model of the sizes here: tracing costs time per layer, and one shows every graph."""
+    """A one-layer model of the sizes here: tracing costs time per layer, and one layer shows
+    every graph."""
     sizes = {key: value for key, value in SIZES.items() if module is mf or key != "future_dim"}
     return tiny(module, sizes, n_layer=1, **options)
 
@@ -383,9 +406,11 @@ def sampling_graphs(module):
     torch._dynamo.reset()
     model = one_layer(module).eval()
     graphs = []
-    model.forward = torch.compile(model.forward, dynamic=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+    model.forward = torch.compile(model.forward, dynamic=True,
+                                  backend=lambda gm, _: graphs.append(gm) or gm.forward)
     with torch.no_grad(), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=SIZES["block_size"] + 3, top_k=1)
+        prompt = torch.zeros(1, 1, dtype=torch.long)  # one token
+        model.generate(prompt, max_new_tokens=SIZES["block_size"] + 3, top_k=1)
     return len(graphs)
 
 
@@ -405,7 +430,8 @@ def training_graphs(module, device="cpu", **options):
     model = one_layer(module, **options).to(device)
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
-    idx = torch.randint(50, (2, SIZES["block_size"]), generator=torch.Generator().manual_seed(0)).to(device)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(50, (2, SIZES["block_size"]), generator=g).to(device)
     for _ in range(2):
         compiled.train()(idx, idx)[1].backward()
         with torch.no_grad():
@@ -437,24 +463,28 @@ def flex_as_readable(q, k, v, K_future, V_future, K_future_bias, V_future_bias, 
 
 
 @cuda
-@pytest.mark.parametrize("T, C, future_dim, hs", [(12, 12, 1, 16), (1, 200, 50, 16), (200, 200, 50, 16),
-                                                  (130, 200, 199, 32), (256, 256, 50, 16), (300, 300, 7, 64)])
+@pytest.mark.parametrize("T, C, future_dim, hs", [(12, 12, 1, 16), (1, 200, 50, 16),
+                                                  (200, 200, 50, 16), (130, 200, 199, 32),
+                                                  (256, 256, 50, 16), (300, 300, 7, 64)])
 @pytest.mark.parametrize("with_target, detach_target, loss_type",
                          [(False, True, "mse"), (True, True, "mse"), (True, False, "cosine")])
 def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_target, loss_type):
-    # lengths that are not multiples of 128 included: where masks and score_mod together gave NaN gradients
+    # lengths that are not multiples of 128 included: where masks and score_mod together gave
+    # NaN gradients
     inputs = on_cuda(make_inputs(T, C, hs, bias=True, seed=T + hs))
     inputs[5] = None  # no K_future_bias on the flex path
     kw = dict(future_dim=future_dim, with_target=with_target, detach_target=detach_target,
               loss_type=loss_type, seed=1)
     ref_outs, ref_loss, ref_grads = run_attention(mf.future_attention, inputs, **kw)
-    outs, loss, grads = run_attention(flex_as_readable, inputs, fast_kw=dict(detach_target=detach_target), **kw)
+    outs, loss, grads = run_attention(flex_as_readable, inputs,
+                                      fast_kw=dict(detach_target=detach_target), **kw)
     for name, a, b in zip(("out", "out_future", "out_future_star"), outs, ref_outs):
         if b is not None:
             torch.testing.assert_close(a, b, **CUDA_TOL, msg=lambda m: f"{name}: {m}")
     if with_target:
         torch.testing.assert_close(loss, ref_loss, **CUDA_TOL)
-    for name, a, b in zip(["q", "k", "v", "K_future", "V_future", "V_future_bias"], grads, ref_grads):
+    names = ["q", "k", "v", "K_future", "V_future", "V_future_bias"]
+    for name, a, b in zip(names, grads, ref_grads):
         assert torch.isfinite(a).all(), f"grad {name} is not finite"
         torch.testing.assert_close(a, b, **CUDA_TOL, msg=lambda m: f"grad {name}: {m}")
 
@@ -469,7 +499,8 @@ def test_flex_training_compiles_as_many_graphs_as_the_baseline(monkeypatch):
 
 @cuda
 def test_auto_picks_flex_on_cuda(monkeypatch):
-    flex, fast = spy(monkeypatch, kernels, "future_attention_flex"), spy(monkeypatch, kernels, "future_attention_fast")
+    flex = spy(monkeypatch, kernels, "future_attention_flex")
+    fast = spy(monkeypatch, kernels, "future_attention_fast")
     sizes = dict(block_size=8, n_head=2, n_embd=32, future_dim=3)  # head size 16
     layer = tiny(mf, SIZES, **sizes).transformer.h[0].attn.cuda()
     x = torch.randn(2, 8, 32, device="cuda")
@@ -487,7 +518,8 @@ def compiled_step(model, idx, targets):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, loss, aux = torch.compile(model)(idx, targets)
     loss.backward()
-    return loss, aux, {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+    grads = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+    return loss, aux, grads
 
 
 @cuda
@@ -507,7 +539,8 @@ def test_compiled_bf16_flex_model_matches_readable(monkeypatch):
     loss, aux, grads = compiled_step(model, idx, targets)
     assert flex_calls  # traced through the flex path
     torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=0)
-    torch.testing.assert_close(aux["future_attn_loss"].float(), ref_aux["future_attn_loss"], rtol=5e-2, atol=1e-4)
+    torch.testing.assert_close(aux["future_attn_loss"].float(), ref_aux["future_attn_loss"],
+                               rtol=5e-2, atol=1e-4)
     assert grads.keys() == ref_grads.keys()
     for name in ref_grads:  # bf16: compare directions, not digits
         cos = F.cosine_similarity(grads[name].flatten(), ref_grads[name].flatten(), dim=0)
@@ -523,4 +556,5 @@ def test_compiled_flex_model_is_causal(training):
     g = torch.Generator().manual_seed(3)
     idx, targets = (torch.randint(512, (2, 200), generator=g).cuda() for _ in range(2))
     # both sides of the 128-wide kernel blocks
-    assert_causal(torch.compile(model), idx, targets, positions=(0, 127, 128, 150, 198), vocab_size=512)
+    assert_causal(torch.compile(model), idx, targets, positions=(0, 127, 128, 150, 198),
+                  vocab_size=512)

@@ -11,8 +11,11 @@ URLs, bad zips, sha256 checks and pins, caches reused only for their own source,
 are not retried), the WikiText-2 download, that an interrupted run (an exception, Ctrl-C, SIGTERM,
 a signal while tokenizing) or a failed write (a full disk, a read-only folder) leaves no output under
 the final names and an earlier set as it was, the lock on the data folder (a second preparation, a
-run that reads it), the warning about a val split too small to estimate a loss on, and bench.py's
---prepare mode.
+run that reads it), the warning about a val split too small to estimate a loss on, bench.py's
+--prepare mode, and the write-ups' own data: the cut of their text into pieces (against every short
+string and 3 MB of adversarial text, their own five lines the reference), their text and token
+files downloaded, what GitHub answers when it does not serve them, a copy given with --input, and
+hints that keep the failed run's settings.
 
     python -m pytest test_prepare_wikipedia.py
 
@@ -25,6 +28,7 @@ import errno
 import hashlib
 import http.server
 import io
+import itertools
 import json
 import os
 import pathlib
@@ -77,7 +81,10 @@ def read_docs(path):
 
 
 def outputs(out_dir):
-    """The files a run left in out_dir, but for the lock it holds while it runs."""
+    """The files a run left in out_dir, but for the lock it holds while it runs; [] if it left no
+    out_dir (a failed run removes the folder it made, when it holds nothing)."""
+    if not os.path.isdir(out_dir):
+        return []
     return sorted(name for name in os.listdir(out_dir) if name != data.DATA_LOCK)
 
 
@@ -182,7 +189,7 @@ def test_groups_of_documents():
     assert all(sum(map(len, g[:-1])) < 1000 <= sum(map(len, g)) for g in groups[:-1])  # the last one took it there
     assert sum(map(len, groups[-1][:-1])) < 1000
     one_each = list(pw.groups(iter(texts[:2]), detokenize_first=True, group_chars=0))
-    assert one_each == [[pw.detokenize(t)] for t in texts[:2]]
+    assert one_each == [[fetch.detokenize(t)] for t in texts[:2]]
 
 
 def test_max_chars_caps_train_only(tmp_path):
@@ -226,23 +233,24 @@ def test_lines_read_as_text_mode_reads_them(tmp_path):
     with open(path, encoding="utf-8") as f:  # text mode: the reference
         expected = list(f)
     with open(path, "rb") as f:
-        assert list(pw.text_lines(f, str(path))) == expected == [
+        assert list(fetch.text_lines(f, str(path))) == expected == [
             "unix\n", "windows\n", "old mac\n", "café\n", "no newline at the end"]
     # over many blocks of a quarter MB, where a \r\n may fall at a block's end
     path.write_bytes(b"".join(b"line %d\r\n" % i + b"x" * (i % 97) + b"\r" + "é\n".encode() for i in range(60_000)))
     with open(path, encoding="utf-8") as f:
         expected = list(f)
     with open(path, "rb") as f:
-        assert list(pw.text_lines(f, str(path))) == expected and len(expected) == 180_000
+        assert list(fetch.text_lines(f, str(path))) == expected and len(expected) == 180_000
 
 
 def test_document_boundaries(monkeypatch):
     lines = "".join(ARTICLES[:3]).splitlines(keepends=True)
-    assert list(pw.read_documents(lines)) == ARTICLES[:3]  # ` = = History = = ` starts no document
+    # ` = = History = = ` starts no document
+    assert list(fetch.read_documents(lines)) == ARTICLES[:3]
     # text without headings: past MAX_DOC_CHARS, a document ends at the next blank line
-    monkeypatch.setattr(pw, "MAX_DOC_CHARS", 40)
+    monkeypatch.setattr(fetch, "MAX_DOC_CHARS", 40)
     paragraphs = [f"paragraph {i} has some words in it .\nand a second line .\n\n" for i in range(5)]
-    assert list(pw.read_documents("".join(paragraphs).splitlines(keepends=True))) == paragraphs
+    assert list(fetch.read_documents("".join(paragraphs).splitlines(keepends=True))) == paragraphs
 
 
 # --------------------------------------------------------------------------- detokenize
@@ -277,11 +285,11 @@ PLAIN_LINES = [
 
 @pytest.mark.parametrize("wikitext, plain", list(zip(WIKITEXT_LINES, PLAIN_LINES)))
 def test_detokenize_wikitext_lines(wikitext, plain):
-    assert pw.detokenize(wikitext) == plain
+    assert fetch.detokenize(wikitext) == plain
 
 
 def test_detokenize_a_whole_document():
-    assert pw.detokenize("".join(WIKITEXT_LINES)) == "".join(PLAIN_LINES)
+    assert fetch.detokenize("".join(WIKITEXT_LINES)) == "".join(PLAIN_LINES)
 
 
 def test_detokenize_leaves_ordinary_text_unchanged():
@@ -296,7 +304,7 @@ def test_detokenize_leaves_ordinary_text_unchanged():
         "  two leading spaces, a tab\there, and an empty line:\n"
         "\n"
         "last line without a newline; path ./data/train.bin, version 2.0.1, 3 - 2 = 1")
-    assert pw.detokenize(text) == text
+    assert fetch.detokenize(text) == text
 
 
 def test_detokenize_rules_match_their_plain_forms():
@@ -316,9 +324,9 @@ def test_detokenize_rules_match_their_plain_forms():
     pieces = [" ", "\n", '"', "'", "(", ")", "s", "t", "a", ",", ".", "@", "-", "=", "s '", '" ', "( ", " = "]
     for _ in range(3000):
         text = "".join(rng.choice(pieces, size=rng.integers(0, 30)))
-        assert pw.detokenize(text) == plain(text), repr(text)
+        assert fetch.detokenize(text) == plain(text), repr(text)
     wikitext = "".join(WIKITEXT_LINES) * 3
-    assert pw.detokenize(wikitext) == plain(wikitext)
+    assert fetch.detokenize(wikitext) == plain(wikitext)
 
 
 def test_detokenize_flag(tmp_path):
@@ -326,10 +334,10 @@ def test_detokenize_flag(tmp_path):
     for flags, detokenized in [([], False), (["--detokenize"], True)]:
         out = tmp_path / str(detokenized)
         meta = pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1", "--val_fraction", "0.2", *flags])
-        expected = [pw.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
+        expected = [fetch.detokenize(a) for a in ARTICLES] if detokenized else ARTICLES
         assert read_docs(out / "train.bin") + read_docs(out / "val.bin") == expected
         assert meta["detokenize"] is detokenized
-    assert pw.detokenize(ARTICLES[0]) != ARTICLES[0]  # the flag made a difference
+    assert fetch.detokenize(ARTICLES[0]) != ARTICLES[0]  # the flag made a difference
 
 
 # --------------------------------------------------------------------------- the write-ups' split
@@ -358,7 +366,8 @@ def test_write_split_stops_at_the_nearest_boundary(tmp_path):
 
 def token_counts(docs, detokenized=True):
     """Tokens of each document (detokenized or as it is), <|endoftext|> included."""
-    return [len(ENC.encode_ordinary(pw.detokenize(doc) if detokenized else doc)) + 1 for doc in docs]
+    texts = [fetch.detokenize(doc) if detokenized else doc for doc in docs]
+    return [len(ENC.encode_ordinary(text)) + 1 for text in texts]
 
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
@@ -373,8 +382,9 @@ def test_writeup_split(tmp_path, monkeypatch, num_proc):
     meta = pw.prepare_data(["--split=writeup", "--input", *paths, "--out_dir", str(out), "--num_proc", num_proc,
                     "--train_tokens", str(train_tokens), "--val_tokens", str(val_tokens)])
     assert threading.active_count() == threads  # the tokenizer's threads end with the run, though val stopped early
-    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:4]]  # detokenized by default
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[4:6]]  # what follows train
+    # detokenized by default; val is what follows train
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:4]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[4:6]]
     assert meta["split"] == "writeup" and meta["detokenize"] is True and meta["max_chars"] is None
     for split, tokens, asked in [("train", totals[3], train_tokens), ("val", counts[4] + counts[5], val_tokens)]:
         data = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
@@ -416,8 +426,10 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
 
 def test_writeup_defaults_are_the_write_ups_counts():
     args = argparse.Namespace(split="writeup", input=None, val=None, max_chars=None, val_fraction=None,
-                              train_tokens=None, val_tokens=None, num_proc=1, retries=1, detokenize=None,
-                              dataset=None, zip=None, url=None, sha256=None, out_dir=None)
+                              train_tokens=None, val_tokens=None, threads=1, retries=1,
+                              detokenize=None,
+                              dataset="wikitext103", zip=None, url=None, sha256=None, out_dir=None,
+                              tokens=False)
     pw.check_settings(args)
     assert (args.train_tokens, args.val_tokens, args.detokenize) == (38_276_830, 4_341_780, True)
     assert 1_440_000_000 / args.train_tokens == pytest.approx(37.62, abs=0.01)  # the write-ups' 37.6 passes
@@ -501,7 +513,7 @@ def test_bad_byte_offset_counts_earlier_lines(tmp_path):
     path = tmp_path / "x.txt"
     path.write_bytes("é\n".encode("utf-8") * 400_000 + b"ok\x80\n")  # 3 bytes a line: 1.2 MB, blocks later
     with open(path, "rb") as f, pytest.raises(cli.UserError, match="byte 1,200,002 \\(0x80\\) is not UTF-8"):
-        list(pw.text_lines(f, str(path)))
+        list(fetch.text_lines(f, str(path)))
 
 
 # --------------------------------------------------------------------------- errors and interruption
@@ -757,16 +769,17 @@ def test_the_small_val_warning_names_the_setting_that_applies(settings, hint):
 SLOW_RUN = """
 import signal, sys, time
 import prepare_wikipedia as pw
+from lib import fetch
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever the test runner's
 pw.READ_AHEAD_CHARS = 1  # one document in flight at a time
-real_read_documents = pw.read_documents
+real_read_documents = fetch.read_documents
 
 def slow_read_documents(lines):  # a few ms a document: a run long enough to be stopped while it writes
     for doc in real_read_documents(lines):
         time.sleep(0.005)
         yield doc
 
-pw.read_documents = slow_read_documents
+fetch.read_documents = slow_read_documents
 sys.exit(pw.main(sys.argv[1:]))
 """
 
@@ -892,7 +905,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
+        if not server.no_length:  # without it, the body ends where the connection closes
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if server.drop_after is not None:  # send part of the body, then close the connection
             body, server.drop_after = body[:server.drop_after], None
@@ -907,6 +921,7 @@ def serving():
     """A Handler server on 127.0.0.1, on a free port, for the duration of the block."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.files, srv.log, srv.honor_range, srv.drop_after, srv.busy, srv.retry_after = {}, [], True, None, 0, None
+    srv.no_length = False
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -951,8 +966,8 @@ def sha256(data):
 
 def publish(monkeypatch, name, urls, size, digest):
     """Make the dataset called name one served by the test's servers, with the size and sha256 given."""
-    dataset = dataclasses.replace(pw.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
-    monkeypatch.setitem(pw.DATASETS, name, dataset)
+    dataset = dataclasses.replace(fetch.DATASETS[name], urls=tuple(urls), size=size, sha256=digest)
+    monkeypatch.setitem(fetch.DATASETS, name, dataset)
 
 
 def cached(out, address):
@@ -1089,8 +1104,8 @@ def test_falls_back_to_the_next_url(tmp_path, server, monkeypatch):
     monkeypatch.setattr(fetch, "BACKOFF_S", 0)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = [url(server, "/gone.zip"), url(server, "/wt.zip")]  # the main host fails, the mirror works
-    origin = fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), sha256(data), "the test's"),
-                          attempts=1, hint="")
+    expected = fetch.Expected(len(data), sha256(data), "the test's")
+    origin = fetch.fetch_file(urls, str(tmp_path / "wt.zip"), expected, attempts=1, hint="")
     assert [entry[0] for entry in server.log] == ["/gone.zip", "/wt.zip"]
     assert (tmp_path / "wt.zip").read_bytes() == data and origin == {"url": urls[1], "sha256": sha256(data)}
 
@@ -1120,7 +1135,8 @@ def test_unknown_host_is_not_retried(tmp_path, server, monkeypatch, capsys):
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
     urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline host first, then a mirror
-    fetch.fetch_zip(urls, str(tmp_path / "wt.zip"), fetch.Expected(len(data), None, ""), attempts=5, hint="")
+    expected = fetch.Expected(len(data), None, "")
+    fetch.fetch_file(urls, str(tmp_path / "wt.zip"), expected, attempts=5, hint="")
     assert (tmp_path / "wt.zip").read_bytes() == data
     assert lookups == ["nonexistent.invalid"]  # one attempt, then the next URL at once
     failure = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
@@ -1158,15 +1174,15 @@ def test_ssl_failure_is_not_retried(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- WikiText-2, and what a zip must be
 
 def test_the_datasets_are_the_published_files():
-    wikitext2 = pw.DATASETS["wikitext2"]
+    wikitext2 = fetch.DATASETS["wikitext2"]
     assert wikitext2.urls == ("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
                               "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip")
     assert (wikitext2.file, wikitext2.size, wikitext2.out_dir, wikitext2.detokenize) == (
         "wikitext-2-raw-v1.zip", 4_721_645, "data/wikitext2", True)
     assert wikitext2.sha256 == "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
-    wikitext103 = pw.DATASETS[pw.DEFAULT_DATASET]
+    wikitext103 = fetch.DATASETS["wikitext103"]
     assert (wikitext103.file, wikitext103.size, wikitext103.out_dir, wikitext103.detokenize) == (
-        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikipedia", False)  # today's default, unchanged
+        "wikitext-103-raw-v1.zip", 191_984_949, "data/wikitext103", False)  # the fallback's folder
     assert wikitext103.sha256 == "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
     config = {}
     with open(os.path.join(REPO, "config", "tiny_cpu.py")) as f:
@@ -1183,12 +1199,15 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     out = tmp_path / "data" / "wikitext2"
     argv = ["--dataset", "wikitext2", "--num_proc", "1"]
     # the real size and hash: the server's 10 kB are refused before they are downloaded
-    publish(monkeypatch, "wikitext2", urls, 4_721_645, pw.DATASETS["wikitext2"].sha256)
+    publish(monkeypatch, "wikitext2", urls, 4_721_645, fetch.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
     assert f"server offers {len(data):,} bytes, expected 4,721,645" in message
-    assert "`python prepare_wikipedia.py --dataset wikitext2 --zip FILE`" in message  # what to do
+    assert "`python prepare_wikipedia.py --zip FILE --dataset wikitext2`" in message  # what to do
+    # unzipped, the same settings: detokenized into data/wikitext2, where config/tiny_cpu.py reads
+    assert ("`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw --detokenize "
+            "--out_dir data/wikitext2`") in message
     # the real hash pinned: downloaded, refused, deleted
-    publish(monkeypatch, "wikitext2", urls, len(data), pw.DATASETS["wikitext2"].sha256)
+    publish(monkeypatch, "wikitext2", urls, len(data), fetch.DATASETS["wikitext2"].sha256)
     message = exit_message(argv)
     part = "data/wikitext2/wikitext-2-raw-v1.zip.part"  # relative, as the default --out_dir is
     published = "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"
@@ -1199,8 +1218,9 @@ def test_wikitext2_is_checked_then_prepared(tmp_path, server, monkeypatch, capsy
     # the hash replaced by the test's: it prepares, detokenized by default
     publish(monkeypatch, "wikitext2", urls, len(data), sha256(data))
     meta = pw.prepare_data(argv)
-    assert read_docs(out / "train.bin") == [pw.detokenize(a) for a in ARTICLES[:8]]  # wiki.train.raw
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]  # wiki.valid.raw
+    # wiki.train.raw, then wiki.valid.raw
+    assert read_docs(out / "train.bin") == [fetch.detokenize(a) for a in ARTICLES[:8]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]
     assert meta["detokenize"] is True and meta["split"] == "wikitext"
     assert meta["source"] == {"dataset": "wikitext2", "zip": "data/wikitext2/wikitext-2-raw-v1.zip", "url": urls[1],
                               "sha256": sha256(data), "urls": urls, "expected_sha256": sha256(data)}
@@ -1219,7 +1239,7 @@ def test_wikitext2_download_resumes(tmp_path, server, monkeypatch):
     pw.prepare_data(["--dataset", "wikitext2", "--out_dir", str(out), "--num_proc", "1"])
     assert server.log == [("/wikitext-2-raw-v1.zip", "bytes=30000-", fetch.USER_AGENT)]
     assert (out / "wikitext-2-raw-v1.zip").read_bytes() == data
-    assert read_docs(out / "val.bin") == [pw.detokenize(a) for a in ARTICLES[8:]]
+    assert read_docs(out / "val.bin") == [fetch.detokenize(a) for a in ARTICLES[8:]]
 
 
 def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch, capsys):
@@ -1232,7 +1252,7 @@ def test_a_cached_zip_with_other_bytes_is_not_used(tmp_path, server, monkeypatch
     out.mkdir()
     zip_path = out / "wikitext-103-raw-v1.zip"
     zip_path.write_bytes(other)
-    argv = ["--out_dir", str(out), "--num_proc", "1"]
+    argv = ["--dataset", "wikitext103", "--out_dir", str(out), "--num_proc", "1"]
     meta = pw.prepare_data(argv)
     assert (f"warning: {zip_path} has sha256 {sha256(other)}, not {sha256(data)}, the published sha256 of "
             f"wikitext-103-raw-v1.zip: not used; renamed it to {zip_path}.bad; downloading again"
@@ -1280,8 +1300,9 @@ def test_sha256_pins_a_url(tmp_path, server):
     part = f"{cached(out, url(server))}.part"
     assert message == (f"error: could not download the data: {url(server)}: {part} has sha256 {sha256(data)}, not "
                        f"{wrong}, given by --sha256; deleted it; HINT: download {url(server)} by hand and run "
-                       f"`python prepare_wikipedia.py --sha256 {wrong} --zip FILE`, or unzip it and run "
-                       "`python prepare_wikipedia.py --input wiki.train.raw wiki.valid.raw`")
+                       f"`python prepare_wikipedia.py --zip FILE --sha256 {wrong} --out_dir "
+                       f"{out}`, or unzip it and run `python prepare_wikipedia.py --input "
+                       f"wiki.train.raw wiki.valid.raw --out_dir {out}`")
     assert outputs(out) == []
     meta = pw.prepare_data([*argv, "--sha256", sha256(data)])
     assert meta["source"]["sha256"] == meta["source"]["expected_sha256"] == sha256(data)
@@ -1297,7 +1318,8 @@ def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
     zip_path.write_bytes(data := wikitext_zip(tmp_path))
     argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"]
     message = exit_message(argv)  # checked against WikiText-103's published sha256
-    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {pw.DATASETS['wikitext103'].sha256}, the "
+    published = fetch.DATASETS['wikitext103'].sha256
+    assert message == (f"error: {zip_path} has sha256 {sha256(data)}, not {published}, the "
                        f"published sha256 of wikitext-103-raw-v1.zip; HINT: if it is a zip of your own in WikiText's "
                        f"layout, pass --sha256 {sha256(data)} to use it; if it should be the published one, download "
                        "it again")
@@ -1328,17 +1350,336 @@ def test_the_bench_corpus_is_wikitext_like(tmp_path):
     bench.write_corpus(str(path), 300_000)
     text = path.read_text()
     assert len(text) == 300_000 and " @-@ " in text and " , " in text
-    docs = list(pw.file_documents([str(path)]))
-    assert len(docs) > 10 and all(pw.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)  # articles
+    docs = list(fetch.file_documents([str(path)]))
+    assert len(docs) > 10  # articles, each under its heading
+    assert all(fetch.HEADING.fullmatch(doc.splitlines()[0]) for doc in docs)
 
 
-def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys):
-    # one round on a small corpus: bench_prepare itself checks that prepare and tiktoken made the same tokens
-    assert bench.main(["--prepare", "--mb", "0.3", "--rounds", "1", "--memory_at", ""]) == 0
+@pytest.mark.parametrize("path", ["documents", "the write-ups' text path"])
+def test_bench_prepare_sets_prepare_beside_tiktoken(tmp_path, capsys, path):
+    # one round on a small corpus: bench_prepare itself checks that prepare and tiktoken made the
+    # same tokens (on the write-ups' path, tiktoken's batch API gets the pieces prepare cuts)
+    writeup = ["--writeup"] if path != "documents" else []
+    argv = ["--prepare", *writeup, "--mb", "0.3", "--rounds", "1", "--memory_at", ""]
+    assert bench.main(argv) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"tokenizer threads; load average [\d.]+ on \d+ CPUs", printed)
+    assert re.search(rf"prepare_wikipedia.py \({path}\), \d+ tokenizer threads; load average "
+                     r"[\d.]+ on \d+ CPUs", printed)
     assert re.search(r"M tokens: tiktoken [\d.]+M tokens/s, prepare [\d.]+M tokens/s: ratio [\d.]+; prepare's "
                      r"encoder alone [\d.]+M tokens/s, prepare keeps [\d.]+ of it\n", printed)
     assert re.search(r"ratio, median of 1: ([\d.]+) \(goal: 0.85 or more; from \1 to \1\); of prepare's own "
                      r"encoder: [\d.]+\n", printed)
     assert re.search(r"1x \(0 MB of text\): peak memory \d+ MiB, -?\d+ MiB above the imports' \d+ MiB", printed)
+
+
+# ----------------------------------------------------------------- the write-ups' own data
+
+def writeups_tokens(path):
+    """The write-ups' own method (datasets/prepare_data.py of yiphei/yif-AI), line for line: the
+    reference. Returns the bytes of their train and val token files."""
+    data = open(path, "r", encoding="utf-8").read()
+    n = len(data)
+    train_ids = ENC.encode_ordinary(data[:int(n * 0.9)])
+    val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
+    return tuple(np.array(ids, dtype=np.uint16).tobytes() for ids in (train_ids, val_ids))
+
+
+# Unicode's White_Space characters, all of which tiktoken's \s matches
+WHITE_SPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200b)))
+               + "\u2028\u2029\u202f\u205f\u3000")
+# what the pre-tokenizer treats in its own ways: newlines of every kind, runs of spaces and
+# newlines, digits, contractions, non-Latin scripts, emoji (with modifiers and joiners), the
+# special token's text, and characters that look like spaces but are not White_Space
+FRAGMENTS = ["\r\n", "\r", "\n", "\n\n", "\n\n\n", "\r\r\n", "  ", " " * 7, " " * 40, "\n" * 30,
+             " \n", "\n ", "\t", " \t\n", "the", " the", "Word", " 1984", "3.14159", "0", " 12",
+             "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", " don't", "I'm", " they'LL", "''", " '",
+             "日本語", " 中文", "Привет", " مرحبا", "हिन्दी", "🎉", " 👍🏽", "🏳️‍🌈",
+             "<|endoftext|>", " <|endoftext|>", ".", ",", "!?", " ...", "(", ")", "—", " -", "@-@",
+             " = Title = ", "é", "e\u0301", "ß", "\x1c", "\x1d", "\x1e", "\x1f", "\u180e", "\u200b",
+             "\ufeff", *WHITE_SPACE]
+
+
+def adversarial_text(n_fragments, seed=0):
+    rng = np.random.default_rng(seed)
+    return "".join(rng.choice(np.array(FRAGMENTS, dtype=object), size=n_fragments))
+
+
+def cuts_allowed(text):
+    """Slow reference of LAST_CUT: every place where a piece may end, after a character that is
+    not whitespace and before a space or a newline."""
+    return [p for p in range(1, len(text)) if not text[p - 1].isspace() and text[p] in " \n"]
+
+
+def test_every_white_space_character_is_a_space_to_python():
+    # LAST_CUT's \S (not str.isspace()) must never be a character that tiktoken's \s matches
+    assert all(character.isspace() for character in WHITE_SPACE)
+
+
+def test_a_cut_where_last_cut_allows_tokenizes_as_the_whole():
+    # every string of up to 4 characters of an alphabet of the pre-tokenizer's cases, and longer
+    # random ones: at each allowed cut, the two sides' tokens are the whole's; elsewhere they often
+    # are not
+    alphabet = ["a", "1", "'", "s", " ", "\n", "\t", ".", "\u3000", "\x1c", "日"]
+    texts = ["".join(t) for n in range(2, 5) for t in itertools.product(alphabet, repeat=n)]
+    rng = np.random.default_rng(1)
+    texts += ["".join(rng.choice(alphabet, size=rng.integers(5, 15))) for _ in range(2000)]
+    allowed_cuts, other_cuts_that_differ = 0, 0
+    for text in texts:
+        whole, allowed = ENC.encode_ordinary(text), cuts_allowed(text)
+        for p in range(1, len(text)):
+            same = ENC.encode_ordinary(text[:p]) + ENC.encode_ordinary(text[p:]) == whole
+            assert same or p not in allowed, (text, p)
+            allowed_cuts += p in allowed
+            other_cuts_that_differ += not same
+        last = fetch.LAST_CUT.match(text)
+        assert (last.end() if last else None) == (allowed[-1] if allowed else None), text
+    assert allowed_cuts > 5000 and other_cuts_that_differ > 1000  # the test can fail
+
+
+def test_the_pieces_tokenize_as_the_write_ups_whole_parts(tmp_path, monkeypatch):
+    # 3 MB of adversarial text (\r\n and a lone \r among them), cut into more than 1,000 pieces
+    monkeypatch.setattr(fetch, "PIECE_CHARS", 2000)
+    path = tmp_path / "wikipedia.txt"
+    path.write_bytes(adversarial_text(700_000).encode())  # bytes: the \r stay as they are
+    assert path.stat().st_size >= 3_000_000
+    theirs = writeups_tokens(path)
+    text = open(path, encoding="utf-8").read()
+    cut = int(len(text) * 0.9)
+    n_pieces = 0
+    for (name, pieces), part, expected in zip(fetch.writeup_parts(str(path)),
+                                              (text[:cut], text[cut:]), theirs):
+        pieces = list(pieces)
+        n_pieces += len(pieces)
+        assert "".join(pieces) == part  # the pieces are the part, \r\n and \r read as \n
+        ours = [token for piece in pieces for token in ENC.encode_ordinary(piece)]
+        assert np.array(ours, dtype=np.uint16).tobytes() == expected, name
+    assert n_pieces > 1000
+    # a naive cut, just after the last newline, does not tokenize alike: the test can fail
+    monkeypatch.setattr(fetch, "LAST_CUT", re.compile(r".*\n", re.S))
+    train_pieces = fetch.writeup_parts(str(path))[0][1]
+    naive = [token for piece in train_pieces for token in ENC.encode_ordinary(piece)]
+    assert np.array(naive, dtype=np.uint16).tobytes() != theirs[0]
+
+
+def publish_writeup(monkeypatch, server, files, paths=("/media", "/raw")):
+    """Make the write-ups' files, {name: bytes}, those of the test's server: served under each of
+    paths, pinned with their size and sha256. Returns the URLs of each, by name."""
+    urls = {}
+    for name, body in files.items():
+        urls[name] = [url(server, f"{path}/{name}") for path in paths]
+        for path in paths:
+            server.files[f"{path}/{name}"] = body
+        pinned = fetch.Pinned(tuple(urls[name]), len(body), sha256(body))
+        monkeypatch.setitem(fetch.WRITEUP_FILES, name, pinned)
+    return urls
+
+
+def writeup_files(tmp_path, n_fragments=3000):
+    """{name: bytes} of a small adversarial wikipedia.txt and of the token files that the
+    write-ups' method makes of it."""
+    text = tmp_path / "made.txt"
+    text.write_bytes(adversarial_text(n_fragments, seed=2).encode())
+    train, val = writeups_tokens(text)
+    return {"wikipedia.txt": text.read_bytes(), "wikipedia_train.bin": train,
+            "wikipedia_val.bin": val}
+
+
+IDENTICAL = "identical to the write-ups' own token files (wikipedia_train.bin, wikipedia_val.bin)"
+TOKEN_FILES = ("wikipedia_train.bin", "wikipedia_val.bin")
+
+
+def test_the_write_ups_text_is_downloaded_and_tokenized_as_theirs(tmp_path, server, monkeypatch,
+                                                                  capsys):
+    monkeypatch.chdir(tmp_path)  # the default --out_dir, data/wikipedia, lands here
+    monkeypatch.setattr(fetch, "PIECE_CHARS", 500)  # many pieces, on several threads
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)
+    meta = pw.prepare_data(["--threads", "2"])  # the default: the write-ups' text
+    out = tmp_path / "data" / "wikipedia"
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    assert IDENTICAL in capsys.readouterr().out.splitlines()
+    assert server.log == [("/media/wikipedia.txt", None, fetch.USER_AGENT)]  # the text only
+    assert (meta["dataset"], meta["split"], meta["detokenize"]) == ("writeup", "writeup", False)
+    assert meta["source"] == {
+        "dataset": "writeup", "commit": fetch.WRITEUP_COMMIT,
+        "text": "data/wikipedia/wikipedia.txt",
+        "url": urls["wikipedia.txt"][0], "sha256": sha256(files["wikipedia.txt"]),
+        "urls": urls["wikipedia.txt"],
+        "token_files_sha256": {name: sha256(files[name]) for name in TOKEN_FILES}}
+    for split in ("train", "val"):
+        assert meta[split]["tokens"] * 2 == len(files[f"wikipedia_{split}.bin"])
+        assert meta[split]["sha256"] == sha256(files[f"wikipedia_{split}.bin"])
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia.txt",
+                            "wikipedia.txt.origin.json"]
+    identity = data.check_data(str(out), block_size=8, vocab_size=50257)  # what train.py checks
+    assert identity["train_sha256"] == meta["train"]["sha256"]
+    pw.prepare_data([])  # the text kept in data/wikipedia is used again: no second download
+    assert len(server.log) == 1 and IDENTICAL in capsys.readouterr().out
+
+
+def test_tokens_other_than_the_write_ups_are_not_written(tmp_path, server, monkeypatch):
+    files = writeup_files(tmp_path)
+    files["wikipedia_val.bin"] = b"other tokens"  # pinned, as if their val file were another
+    publish_writeup(monkeypatch, server, files)
+    out = tmp_path / "out"
+    message = exit_message(["--out_dir", str(out), "--threads", "1"])
+    val = sha256(writeups_tokens(tmp_path / "made.txt")[1])
+    assert message == (f"error: val.bin differs from the write-ups' wikipedia_val.bin: sha256 "
+                       f"{val}, theirs {sha256(b'other tokens')}; no output written under the "
+                       "final names; HINT: --tokens fetches their token files directly")
+    assert outputs(out) == ["wikipedia.txt", "wikipedia.txt.origin.json"]  # kept for next time
+
+
+def test_the_write_ups_token_files(tmp_path, server, monkeypatch, capsys):
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)
+
+    def no_tokenizer(name):
+        raise AssertionError("--tokens needs no tokenizer")
+
+    monkeypatch.setattr(fetch.tiktoken, "get_encoding", no_tokenizer)
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--tokens", "--out_dir", str(out)])
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    assert [entry[0] for entry in server.log] == [f"/media/{name}" for name in TOKEN_FILES]
+    assert meta["source"] == {"dataset": "writeup", "commit": fetch.WRITEUP_COMMIT, **{
+        name: {"url": urls[name][0], "sha256": sha256(files[name]), "urls": urls[name]}
+        for name in TOKEN_FILES}}
+    tokens = np.frombuffer(files["wikipedia_train.bin"], dtype=np.uint16)
+    assert meta["train"] == {"tokens": len(tokens), "max_token_id": tokens.max(),
+                             "sha256": sha256(files["wikipedia_train.bin"])}
+    assert IDENTICAL in capsys.readouterr().out.splitlines()
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikipedia_train.bin",
+                            "wikipedia_train.bin.origin.json", "wikipedia_val.bin",
+                            "wikipedia_val.bin.origin.json"]
+
+
+LFS_POINTER_TEXT = (b"version https://git-lfs.github.com/spec/v1\noid sha256:"
+                    b"be17913eb060032dacc0155670c999d97e8ba57fd45135fe11b1a56c1b6d7bbf\n"
+                    b"size 178723194\n")
+
+
+POINTER_SENT = (f"the server sent a Git LFS pointer ({len(LFS_POINTER_TEXT)} bytes), not the file: "
+                "GitHub does not serve it now (its owner's LFS quota spent, or the file gone)")
+
+
+@pytest.mark.parametrize("answer, problem, no_length", [
+    (403, "HTTP 403 Forbidden", False),  # the owner's LFS quota spent
+    (LFS_POINTER_TEXT, POINTER_SENT, False),
+    (LFS_POINTER_TEXT, POINTER_SENT, True),  # sent without its size: known once it is read
+    (b"x" * 5000, "server offers 5,000 bytes, expected {size:,}", False),
+])
+def test_a_text_github_does_not_serve(tmp_path, server, monkeypatch, answer, problem, no_length):
+    monkeypatch.chdir(tmp_path)
+    server.no_length = no_length
+    files = writeup_files(tmp_path)
+    urls = publish_writeup(monkeypatch, server, files)["wikipedia.txt"]
+    for path in ("/media/wikipedia.txt", "/raw/wikipedia.txt"):
+        server.files[path] = answer
+    message = exit_message([])
+    problem = problem.format(size=len(files["wikipedia.txt"]))
+    # both ways on write where the quick start reads
+    assert message == (
+        f"error: could not download the data: {urls[0]}: {problem}; {urls[1]}: {problem}; HINT: "
+        "`python prepare_wikipedia.py --tokens` fetches their token files instead, or `python "
+        "prepare_wikipedia.py --dataset=wikitext103 --split=writeup --out_dir data/wikipedia` "
+        "prepares WikiText-103 in their regime")
+    assert not (tmp_path / "data").exists()  # no folder made, no data.lock left in one
+
+
+def test_a_failed_download_into_a_folder_of_the_users_keeps_the_folder(tmp_path, server,
+                                                                       monkeypatch):
+    publish_writeup(monkeypatch, server, {name: b"\0\0" for name in TOKEN_FILES})
+    server.files["/media/wikipedia_train.bin"] = server.files["/raw/wikipedia_train.bin"] = 404
+    out = tmp_path / "mine"
+    out.mkdir()
+    message = exit_message(["--tokens", "--out_dir", str(out)])
+    # not back to a download of their text, which would fail too offline: by hand, or WikiText-103
+    text_url = fetch.WRITEUP_FILES["wikipedia.txt"].urls[0]
+    assert message.endswith(
+        f"HINT: download {text_url} by hand and run `python prepare_wikipedia.py --dataset=writeup "
+        f"--input wikipedia.txt --out_dir {out}`, or `python prepare_wikipedia.py "
+        f"--dataset=wikitext103 --split=writeup --out_dir {out}` prepares WikiText-103 in their "
+        "regime")
+    assert out.is_dir() and os.listdir(out) == []  # the user's folder stays, without the lock
+
+
+def test_a_wikitext_hint_keeps_the_split_and_the_folder(tmp_path, server, monkeypatch):
+    monkeypatch.setattr(fetch, "BACKOFF_S", 0)
+    publish(monkeypatch, "wikitext103", [url(server, "/gone.zip")], 100, "0" * 64)
+    out = tmp_path / "wt"
+    message = exit_message(["--dataset", "wikitext103", "--split=writeup", "--train_tokens", "1000",
+                            "--out_dir", str(out)])
+    assert message.endswith(
+        "`python prepare_wikipedia.py --zip FILE --dataset wikitext103 --split=writeup "
+        f"--train_tokens 1000 --out_dir {out}`, or unzip it and run `python prepare_wikipedia.py "
+        f"--input wiki.train.raw --split=writeup --train_tokens 1000 --out_dir {out}`")
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_copy_of_the_text_given_with_input(tmp_path, monkeypatch, capsys, pinned):
+    files = writeup_files(tmp_path)
+    path = tmp_path / "wikipedia.txt"
+    path.write_bytes(files["wikipedia.txt"])
+    if pinned:  # the test's text as the write-ups' own, and its tokens as theirs
+        for name, body in files.items():
+            pin = fetch.Pinned((), len(body), sha256(body))
+            monkeypatch.setitem(fetch.WRITEUP_FILES, name, pin)
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--dataset=writeup", "--input", str(path), "--out_dir", str(out),
+                            "--threads", "1"])
+    assert (out / "train.bin").read_bytes() == files["wikipedia_train.bin"]  # their method
+    assert (out / "val.bin").read_bytes() == files["wikipedia_val.bin"]
+    captured = capsys.readouterr()
+    warning = (f"warning: {path} is not the write-ups' wikipedia.txt (sha256 "
+               f"{sha256(files['wikipedia.txt'])}): it is tokenized their way, but its tokens will "
+               "not be theirs, and are not compared with theirs")
+    assert (warning in captured.err.splitlines()) is not pinned
+    assert (IDENTICAL in captured.out.splitlines()) is pinned  # compared only when it is theirs
+    assert meta["source"]["text"] == str(path)
+    assert (meta["source"]["token_files_sha256"] is None) is not pinned
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin"]  # nothing downloaded
+
+
+def test_an_lfs_pointer_given_with_input_is_refused(tmp_path):
+    path = tmp_path / "wikipedia.txt"  # what a clone of yiphei/yif-AI without Git LFS holds
+    path.write_bytes(LFS_POINTER_TEXT)
+    message = exit_message(["--input", str(path), "--dataset", "writeup",
+                            "--out_dir", str(tmp_path / "out")])
+    assert message == (f"error: {path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in "
+                       "your clone of yiphei/yif-AI, or drop --input to download it")
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--split=writeup"], "error: --split does not apply to the write-ups' own text and split"),
+    (["--dataset=writeup", "--zip", "a.zip"], "error: --zip does not apply to the write-ups'"),
+    (["--max_chars", "100"], "error: --max_chars does not apply to the write-ups' own text"),
+    (["--tokens", "--input", "a.txt"], "error: --tokens fetches the write-ups' token files, "),
+    (["--tokens", "--dataset", "wikitext2"], "error: --tokens fetches the write-ups' token files: "
+                                             "--dataset=writeup only"),
+    (["--dataset=writeup", "--input", "a", "b"], "error: --dataset=writeup takes one --input file"),
+    (["--num_proc", "0"], "error: --threads must be 1 or more, got 0"),  # one setting, two names
+])
+def test_writeup_settings_that_contradict(tmp_path, flags, problem):
+    message = exit_message([*flags, "--out_dir", str(tmp_path / "out")])
+    assert message.startswith(problem) and "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_threads_is_the_name_and_num_proc_its_alias(capsys):
+    with pytest.raises(SystemExit):
+        pw.main(["--help"])
+    assert "--threads THREADS, --num_proc THREADS" in capsys.readouterr().out
+
+
+def test_progress_to_a_file_or_a_pipe_is_whole_lines(capsys, monkeypatch):
+    with fetch.Progress() as progress:  # stderr is not a terminal here
+        for i in range(3):
+            progress.show(f"step {i}")
+    assert capsys.readouterr().err == "step 0\nstep 2\n"  # the first at once, then the last
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with fetch.Progress() as progress:
+        progress.show("step 0")
+    assert capsys.readouterr().err == "\rstep 0\n"  # on a terminal, one line rewritten in place

@@ -14,7 +14,7 @@ import pytest
 
 import report
 import train
-from lib import settings
+from lib import fetch, settings
 from conftest import NEXT_STEPS, REPO, argv_for, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -77,11 +77,14 @@ def write_log(out_dir, records, tail=""):
         f.write("".join(json.dumps(r) + "\n" for r in records) + tail)
 
 
-def fake_run(config_argv, iters=300, val_loss=3.7):
-    """Records of a run of the model that config_argv gives, as train.py logs them."""
+def fake_run(config_argv, iters=300, val_loss=3.7, data=None):
+    """Records of a run of the model that config_argv gives, as train.py logs them; data: the
+    identity of its data (data.check_data's), by default a folder of other data."""
     config = train.get_config(config_argv)
-    start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1, tokens_per_iter=160_000,
-                 iter_num=0, init_from="scratch", config=config, model_args=settings.model_args_of(config), time=0.0)
+    data = data or {"data_dir": "data/mine", "train_sha256": "1" * 64, "val_sha256": "2" * 64}
+    start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1,
+                 tokens_per_iter=160_000, iter_num=0, init_from="scratch", config=config,
+                 model_args=settings.model_args_of(config), time=0.0, data=data)
     aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}
     return [start, dict(type="train", iter=iters, loss=3.5, aux=aux, time=10.0),
             dict(type="eval", iter=iters, train_loss=3.6, val_loss=val_loss, best_val_loss=val_loss, saved=True, time=12.0)]
@@ -115,8 +118,11 @@ def test_report_shows_the_writeup_beside_a_writeup_config_run(tmp_path, capsys):
                                                          ["full", "encdec"], ["write-up:", "encdec_plain"],
                                                          ["other", "future_attn"],
                                                          ["note:", "mine"]]
-    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419", "future_attn_loss", "0.07681"]
-    assert lines[4].split()[2:] == ["15,763,200", "9000", "1,440,000,000", "3.043", "3.413", "-"]
+    other_data = ["not", "the", "write-up's", "data:", "data/mine"]
+    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419",
+                                    "future_attn_loss", "0.07681", *other_data]
+    assert lines[4].split()[2:] == ["15,763,200", "9000", "1,440,000,000", "3.043", "3.413", "-",
+                                    *other_data]
     # the write-up's numbers sit under the run's own columns
     assert lines[2].index("3.017") == lines[1].index("3.600") and lines[2].index("3.419") == lines[1].index("3.700")
     assert lines[6] == "note: mine trains the model of config/future50_mse.py, but unlike the write-up: max_iters 300 (write-up 9000)"
@@ -138,3 +144,37 @@ def test_writeup_numbers_are_the_writeup_configs():
         with open(os.path.join(REPO, "config", f"{name}.py")) as f:
             header = f.read().split("\n\n")[0]  # each config's comment names its published numbers
         assert f"{published['val']}" in header and f"{published['params']:,}" in header, name
+
+
+def test_the_write_up_line_says_whether_the_data_was_theirs(tmp_path, capsys):
+    # the train and val sha256 a run recorded, against those of the write-ups' own token files
+    theirs = {split: fetch.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256
+              for split in ("train", "val")}
+    wikitext = tmp_path / "wikitext103"  # a folder whose meta.json names its dataset
+    wikitext.mkdir()
+    (wikitext / "meta.json").write_text(json.dumps(
+        {"dataset": "wikitext103", "train": {"sha256": "3" * 64}, "val": {"sha256": "4" * 64}}))
+    identities = {
+        "theirs": {"data_dir": "data/wikipedia", "train_sha256": theirs["train"],
+                   "val_sha256": theirs["val"]},
+        "their_train_only": {"data_dir": "data/x", "train_sha256": theirs["train"],
+                             "val_sha256": "0" * 64},
+        "wikitext": {"data_dir": str(wikitext), "train_sha256": "3" * 64, "val_sha256": "4" * 64},
+        "changed": {"data_dir": str(wikitext), "train_sha256": "3" * 64, "val_sha256": "5" * 64},
+    }
+    config = os.path.join(REPO, "config/baseline.py")
+    for name, identity in identities.items():
+        write_log(tmp_path / name, fake_run([config], data=identity))
+    unrecorded = fake_run([config])
+    del unrecorded[0]["data"]  # a log of before runs recorded their data
+    write_log(tmp_path / "unrecorded", unrecorded)
+    names = [*identities, "unrecorded"]
+    assert report.main([str(tmp_path / name) for name in names]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = ["same data as the write-up", "not the write-up's data: data/x",
+                f"not the write-up's data: wikitext103 in {wikitext}",
+                f"not the write-up's data: {wikitext}",  # its meta.json describes other files now
+                "data not recorded"]
+    for line, verdict in zip(lines[2::2], expected, strict=True):  # each run's write-up line
+        assert line.rstrip().endswith(verdict), line
+    assert lines[1].rstrip().endswith("data/wikipedia")  # the run's own line names its data_dir

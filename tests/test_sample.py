@@ -164,7 +164,7 @@ def test_sample_without_a_tokenizer_is_one_error_line(trained_runs, monkeypatch,
     ("--top_k=-3", "top_k must be >= 0"),
     ("--num_samples=0", "num_samples must be at least 1"),
     ("--dtype=half", "dtype must be one of"),
-    ("--device=gpu", "device must be 'cpu', 'cuda' or 'cuda:N'"),
+    ("--device=gpu", "device must be 'cpu', 'cuda', 'cuda:N' or 'mps'"),
     ("--checkpoint=final", "checkpoint must be 'best' or 'latest', got 'final'"),
 ])
 def test_sample_bad_setting_is_one_line(setting, message, tmp_path, capsys):

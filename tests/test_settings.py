@@ -54,7 +54,7 @@ def test_model_keys_are_valid_only_for_their_model(tmp_path):
     ("--max_iters=-5", "max_iters must be >= 0"),
     ("--warmup_iters=700000", "warmup_iters (700000) must be below lr_decay_iters (700000)"),
     ("--min_lr=0.1", "min_lr (0.1) must not exceed learning_rate (0.001)"),
-    ("--device=gpu", "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    ("--device=gpu", "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'gpu'"),
     pytest.param("--device=cuda", "this machine has no CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])

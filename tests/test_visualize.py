@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 VOCAB, C = TINY_MODEL["vocab_size"], TINY_MODEL["block_size"]  # C: block_size of the random models
 PNG = b"\x89PNG\r\n\x1a\n"
 # matplotlib is optional (requirements-test.txt has it): without it, only the drawings go untested
-draws = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+draws = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                           reason="needs matplotlib")
 
 
 def random_model(module, **overrides):
@@ -50,7 +51,8 @@ def layer_records(model, idx, modules):
     hooks = []
     for m in modules:
         hooks.append(m.register_forward_pre_hook(lambda m, args: records[m].update(args=args)))
-        hooks.append(m.c_proj.register_forward_pre_hook(lambda c, args, m=m: records[m].update(y=args[0])))
+        hooks.append(m.c_proj.register_forward_pre_hook(
+            lambda c, args, m=m: records[m].update(y=args[0])))
     model.eval()
     with torch.no_grad():
         model(idx)
@@ -67,14 +69,18 @@ def by_head(y, n_head):
 def plain_attentions(model):
     """[(kind, layer, module, its values v of the captured args)] of the causal attentions."""
     tr = model.transformer
+
+    def self_v(m, args):
+        return m.c_attn(args[0]).split(m.n_embd, dim=2)[2]
+
+    def cross_v(m, args):  # the values of encoder_out
+        return m.c_kv(args[0]).split(m.n_embd, dim=2)[1]
+
     if isinstance(model, ed.GPT):
-        self_v = lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2]
-        cross_v = lambda m, args: m.c_kv(args[0]).split(m.n_embd, dim=2)[1]  # values of encoder_out
-        return ([("encoder", l, b.attn, self_v) for l, b in enumerate(tr.encoder)]
-                + [("decoder", l, b.attn, self_v) for l, b in enumerate(tr.decoder)]
-                + [("cross", l, b.cross_attn, cross_v) for l, b in enumerate(tr.decoder)])
-    return [("self", l, b.attn, lambda m, args: m.c_attn(args[0]).split(m.n_embd, dim=2)[2])
-            for l, b in enumerate(tr.h)]
+        return ([("encoder", layer, b.attn, self_v) for layer, b in enumerate(tr.encoder)]
+                + [("decoder", layer, b.attn, self_v) for layer, b in enumerate(tr.decoder)]
+                + [("cross", layer, b.cross_attn, cross_v) for layer, b in enumerate(tr.decoder)])
+    return [("self", layer, b.attn, self_v) for layer, b in enumerate(tr.h)]
 
 
 # --------------------------------------------------------------------------------------
@@ -109,7 +115,8 @@ def test_plain_attention_maps_reproduce_each_layer_and_head(module, overrides):
 @pytest.mark.parametrize("overrides, T", [
     (dict(future_dim=3), 8),  # the band runs past the prompt: key positions 8..10
     (dict(future_dim=C - 1), C),  # the full future
-    (dict(n_layer=3, start_layer=2, end_layer=2, future_dim=5, bias=True), 7),  # causal layers around, biases
+    # a future layer between causal ones, with biases
+    (dict(n_layer=3, start_layer=2, end_layer=2, future_dim=5, bias=True), 7),
 ], ids=["fd3", "fd_full", "layer2_bias"])
 def test_future_attention_maps_reproduce_the_layer(overrides, T):
     model = random_model(fa, **overrides)
@@ -132,9 +139,11 @@ def test_future_attention_maps_reproduce_the_layer(overrides, T):
         assert square.shape == (2, H, T, K)
         i, j = torch.arange(T).view(T, 1), torch.arange(K).view(1, K)
         causal, band = j <= i, (j > i) & (j <= i + fd)
-        torch.testing.assert_close(square.sum(-1), torch.ones(2, H, T, dtype=square.dtype))  # causal + band
-        assert (square[..., ~(causal | band)] == 0).all()  # nothing outside the causal part and the band
-        # split as the model does: P_unmasked over the real keys, P_future column m = key position m+1
+        # the causal part and the band sum to 1, and nothing lies outside them
+        torch.testing.assert_close(square.sum(-1), torch.ones(2, H, T, dtype=square.dtype))
+        assert (square[..., ~(causal | band)] == 0).all()
+        # split as the model does: P_unmasked over the real keys, and P_future, whose column m
+        # is key position m+1
         q, k, v = block.attn.heads(record["args"][0])  # (B, H, T, hs) each
         P_unmasked = square[..., :T] * causal[:, :T]  # (B, H, T, T)
         P_future = (square * band)[..., 1:]  # (B, H, T, K-1)
@@ -142,15 +151,18 @@ def test_future_attention_maps_reproduce_the_layer(overrides, T):
         if block.attn.V_future_bias is not None:
             out = out + block.attn.V_future_bias
         torch.testing.assert_close(out, y, rtol=1e-9, atol=1e-9)
-        assert not torch.allclose(out.roll(1, dims=1), y, atol=1e-3)  # heads differ: a wrong head shows
-        # the target: P* over the real keys j <= i + future_dim; its part j > i gives the model's out*_future
+        # the heads differ, so a wrong head would show
+        assert not torch.allclose(out.roll(1, dims=1), y, atol=1e-3)
+        # the target: P* over the real keys j <= i + future_dim, whose part j > i gives the
+        # model's out*_future
         assert P_star.shape == (2, H, T, T)
         torch.testing.assert_close(P_star.sum(-1), torch.ones(2, H, T, dtype=P_star.dtype))
         assert (P_star[..., ~(j[:, :T] <= i + fd)] == 0).all()
         _, _, out_future_star = fa.future_attention(
-            q, k, v, block.attn.K_future, block.attn.V_future, block.attn.K_future_bias, block.attn.V_future_bias,
-            future_dim=fd, with_target=True)
-        torch.testing.assert_close(P_star.triu(diagonal=1) @ v, out_future_star, rtol=1e-9, atol=1e-9)
+            q, k, v, block.attn.K_future, block.attn.V_future,
+            block.attn.K_future_bias, block.attn.V_future_bias, future_dim=fd, with_target=True)
+        torch.testing.assert_close(P_star.triu(diagonal=1) @ v, out_future_star,
+                                   rtol=1e-9, atol=1e-9)
 
 
 def test_computed_future_keys_draw_in_the_same_layout():
@@ -166,14 +178,18 @@ def test_computed_future_keys_draw_in_the_same_layout():
         K = min(T + fd, C)
         i, j = torch.arange(T).view(T, 1), torch.arange(K).view(1, K)
         causal, band = j <= i, (j > i) & (j <= i + fd)
-        torch.testing.assert_close(square.sum(-1), torch.ones(2, attn.n_head, T, dtype=square.dtype))
+        torch.testing.assert_close(square.sum(-1),
+                                   torch.ones(2, attn.n_head, T, dtype=square.dtype))
         assert (square[..., ~(causal | band)] == 0).all()
         q, k, v = attn.heads(records[attn]["args"][0])  # (B, H, T, hs)
-        out = (square[..., :T] * causal[:, :T]) @ v + attn.V_offset_bias  # out_unmasked, out_future's bias
+        # out_unmasked, and the bias of out_future
+        out = (square[..., :T] * causal[:, :T]) @ v + attn.V_offset_bias
         for o in range(1, fd + 1):  # out_future, offset by offset: P[i, i+o] (v_i + V_offset[o-1])
-            p_o = torch.stack([square[:, :, t, t + o] for t in range(T)], dim=-1).unsqueeze(-1)  # (B, H, T, 1)
+            # P[i, i+o] for every query i: (B, H, T, 1)
+            p_o = torch.stack([square[:, :, t, t + o] for t in range(T)], dim=-1).unsqueeze(-1)
             out = out + p_o * (v + attn.V_offset[:, o - 1].unsqueeze(1))
-        torch.testing.assert_close(out, by_head(records[attn]["y"], attn.n_head), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(out, by_head(records[attn]["y"], attn.n_head),
+                                   rtol=1e-9, atol=1e-9)
 
 
 def test_maps_are_computed_in_eval_mode_and_leave_the_mode_alone():
@@ -195,7 +211,8 @@ def test_embedding_stats_are_the_direct_computation(module, overrides, n_pos):
     stats = visualize.embedding_stats(model)
     wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
     assert wpe.size(0) == n_pos  # row C only where the encoder-decoder uses the next position
-    direct = torch.stack([torch.stack([F.cosine_similarity(wpe[p], wpe[q], dim=0) for q in range(n_pos)])
+    direct = torch.stack([torch.stack([F.cosine_similarity(wpe[p], wpe[q], dim=0)
+                                       for q in range(n_pos)])
                           for p in range(n_pos)])
     torch.testing.assert_close(stats["pos_cosine"], direct)
     torch.testing.assert_close(stats["pos_norms"], torch.linalg.norm(wpe, dim=1))
@@ -212,14 +229,17 @@ def test_embedding_stats_are_the_direct_computation(module, overrides, n_pos):
 def test_embedding_loss_sides_give_the_models_loss(overrides, T):
     model = random_model(ed, **overrides)
     gen = torch.Generator().manual_seed(4)
-    idx, targets = torch.randint(0, VOCAB, (2, T), generator=gen), torch.randint(0, VOCAB, (2, T), generator=gen)
+    idx = torch.randint(0, VOCAB, (2, T), generator=gen)
+    targets = torch.randint(0, VOCAB, (2, T), generator=gen)
     sides = visualize.embedding_loss_sides(model, idx)
     assert sides["E_avg"].shape == sides["encoder_out"].shape == (2, T, 32)
     assert sides["mse"].shape == sides["cosine"].shape == (2, T)
-    model.train()  # the model's own embedding loss, on the same tokens (dropout 0: the same forward)
+    # the model's own embedding loss, on the same tokens (dropout 0: the same forward)
+    model.train()
     _, _, aux = model(idx, targets)
     loss_type = model.config.embedding_loss_type
-    torch.testing.assert_close(ed.disaffinity(sides["E_avg"], sides["encoder_out"], loss_type), aux["embedding_loss"])
+    from_sides = ed.disaffinity(sides["E_avg"], sides["encoder_out"], loss_type)
+    torch.testing.assert_close(from_sides, aux["embedding_loss"])
     from_positions = {"mse": sides["mse"].mean(), "cosine": (1 - (1 + sides["cosine"]) / 2).mean(),
                       "log_cosine": -torch.log((1 + sides["cosine"]) / 2).mean()}[loss_type]
     torch.testing.assert_close(from_positions, aux["embedding_loss"])
@@ -237,13 +257,15 @@ def test_no_embedding_loss_no_sides():
 RUNS = {  # name -> model settings; the GPT-2 vocabulary, so the prompt's tokens fit
     "base": dict(model_type="baseline"),
     "future": dict(model_type="future_attn", future_dim=4),
-    "wide": dict(model_type="future_attn", block_size=64),  # future_dim 63: P_omni far wider than a short prompt
+    # future_dim 63: P_omni far wider than a short prompt
+    "wide": dict(model_type="future_attn", block_size=64),
     "encdec": dict(model_type="encdec"),  # MSE embedding loss and position subtraction
     "plain": dict(model_type="encdec", sub_pos="no", embedding_loss_type="none"),
 }
 RUN = dict(vocab_size=50257, block_size=16, n_layer=2, n_head=2, n_embd=32, batch_size=2,
-           gradient_accumulation_steps=1, eval_iters=1, eval_interval=2, log_interval=1, max_iters=2,
-           compile=False, device="cpu", dtype="float32", warmup_iters=1, learning_rate=1e-3)
+           gradient_accumulation_steps=1, eval_iters=1, eval_interval=2, log_interval=1,
+           max_iters=2, compile=False, device="cpu", dtype="float32", warmup_iters=1,
+           learning_rate=1e-3)
 PROMPT = "--start=The cat sat on the mat."
 
 
@@ -253,14 +275,16 @@ def runs(data_dir, tmp_path_factory):
     for name, run_settings in RUNS.items():
         out_dir = tmp_path_factory.mktemp(f"out-{name}", numbered=False)
         run_settings = {**RUN, **run_settings, "data_dir": data_dir, "out_dir": out_dir}
-        train.train(train.get_config([f"--{key}={value}" for key, value in run_settings.items()]))
+        argv = [f"--{key}={value}" for key, value in run_settings.items()]
+        train.train(train.get_config(argv))
         out[name] = str(out_dir)
     return out
 
 
 def written(out):
     """The paths of the 'wrote PATH: what' lines, each a whole PNG."""
-    paths = [line.split(": ")[0][len("wrote "):] for line in out.splitlines() if line.startswith("wrote ")]
+    paths = [line.split(": ")[0][len("wrote "):] for line in out.splitlines()
+             if line.startswith("wrote ")]
     for path in paths:
         with open(path, "rb") as f:
             assert f.read(8) == PNG, path
@@ -272,7 +296,8 @@ def written(out):
     ("base", ["attention_self_out-base.png", "embeddings_out-base.png"]),
     ("future", ["attention_future_out-future.png", "embeddings_out-future.png"]),
     ("encdec", ["attention_cross_out-encdec.png", "attention_decoder_out-encdec.png",
-                "attention_encoder_out-encdec.png", "embedding_loss_out-encdec.png", "embeddings_out-encdec.png"]),
+                "attention_encoder_out-encdec.png", "embedding_loss_out-encdec.png",
+                "embeddings_out-encdec.png"]),
 ])
 def test_every_model_type_end_to_end(runs, name, files, tmp_path, capsys):
     assert visualize.main([f"--out_dir={runs[name]}", PROMPT, f"--save_dir={tmp_path}"]) == 0
@@ -288,7 +313,8 @@ def png_size(path):
 
 
 @draws
-@pytest.mark.parametrize("tokens", [5, 70])  # a short prompt, and one longer than any run's block_size
+# a short prompt, and one longer than any run's block_size
+@pytest.mark.parametrize("tokens", [5, 70])
 @pytest.mark.parametrize("name", ["base", "wide", "encdec"])
 def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, capsys):
     """Every PNG at most ~2000 px wide and high, its smallest text 10 px or more, and P* as
@@ -298,21 +324,26 @@ def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, 
 
     def measured_save(fig, path, dpi):
         fig.canvas.draw()  # tick labels exist once drawn
-        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
-        smallest_text[os.path.basename(path)] = min(t.get_fontsize() for t in texts) * dpi / 72  # points -> px
+        texts = [t for t in fig.findobj(matplotlib.text.Text)
+                 if t.get_visible() and t.get_text().strip()]
+        points = min(t.get_fontsize() for t in texts)
+        smallest_text[os.path.basename(path)] = points * dpi / 72  # points -> px
         for ax in fig.axes:
-            if ax.get_title().startswith("P*"):  # its keys are the prompt's: no blank columns after them
+            # P*'s keys are the prompt's: no blank columns after them
+            if ax.get_title().startswith("P*"):
                 assert ax.get_xlim() == (-0.5, T - 0.5)
         save(fig, path, dpi)
 
     monkeypatch.setattr(visualize, "save", measured_save)
     T = min(tokens, 64 if name == "wide" else RUN["block_size"])
-    assert visualize.main([f"--out_dir={runs[name]}", "--start=" + " word" * tokens, f"--save_dir={tmp_path}"]) == 0
+    argv = [f"--out_dir={runs[name]}", "--start=" + " word" * tokens, f"--save_dir={tmp_path}"]
+    assert visualize.main(argv) == 0
     pictures = written(capsys.readouterr().out)
     assert sorted(smallest_text) == pictures
     for picture in pictures:
         width, height = png_size(tmp_path / picture)
-        assert width <= 1600 and height <= 2000, (picture, width, height)  # at 100% on a laptop's screen
+        # shown whole at 100% on a laptop's screen
+        assert width <= 1600 and height <= 2000, (picture, width, height)
         assert smallest_text[picture] >= 10, picture
 
 
@@ -324,12 +355,15 @@ def test_head_rows_fill_rows_alike_within_a_screen(n_heads, panel_widths):
     room = visualize.SCREEN_INCHES - visualize.MARGIN_INCHES
     row_of, scale = visualize.head_rows(n_heads, panel_widths, gaps)
     counts = [row_of.count(row) for row in range(row_of[-1] + 1)]
-    assert row_of == sorted(row_of) and min(counts) >= 1 and max(counts) - min(counts) <= 1  # 2 + 2, never 3 + 1
+    assert row_of == sorted(row_of) and min(counts) >= 1
+    assert max(counts) - min(counts) <= 1  # rows filled alike: 2 + 2, never 3 + 1
     # the fewest rows whose groups fit at the smallest scale, found by trying every count of rows
+    smallest_group = visualize.SMALLEST * sum(panel_widths) + gaps  # inches
     fewest = next(rows for rows in range(1, n_heads + 1)
-                  if -(-n_heads // rows) * (visualize.SMALLEST * sum(panel_widths) + gaps) <= room or rows == n_heads)
+                  if -(-n_heads // rows) * smallest_group <= room or rows == n_heads)
     assert len(counts) == fewest
-    assert max(counts) * (scale * sum(panel_widths) + gaps) <= room + 1e-9 and scale <= 1  # within the screen
+    # within the screen
+    assert max(counts) * (scale * sum(panel_widths) + gaps) <= room + 1e-9 and scale <= 1
     if n_heads * (sum(panel_widths) + gaps) <= room:
         assert scale == 1  # what fits is not shrunk
 
@@ -341,44 +375,51 @@ def test_future_attention_of_4_heads_takes_a_row_per_layer(tmp_path, monkeypatch
     # spread weights show
     model = random_model(fa, block_size=64, future_dim=16)
     T = 31
-    maps = visualize.attention_maps(model.float(), torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(5)))
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(5))
+    maps = visualize.attention_maps(model.float(), idx)
     save, drawn = visualize.save, {}
 
     def measured_save(fig, path, dpi):
         panels = [ax for ax in fig.axes if ax.get_title().endswith("P_omni")]
         drawn["rows"] = sorted({round(ax.get_position().y0, 3) for ax in panels})
-        drawn["per_row"] = {y: sum(round(ax.get_position().y0, 3) == y for ax in panels) for y in drawn["rows"]}
+        drawn["per_row"] = {y: sum(round(ax.get_position().y0, 3) == y for ax in panels)
+                            for y in drawn["rows"]}
         drawn["norms"] = [image.norm for ax in panels for image in ax.get_images()]
         save(fig, path, dpi)
 
     monkeypatch.setattr(visualize, "save", measured_save)
     labels = [f"t{t}" for t in range(T)]
     path = tmp_path / "future.png"
-    visualize.draw_attention(str(path), "future attention", maps["future"], maps["target"], [0, 1], [0, 1, 2, 3],
-                             labels, future_dim=16, dpi=80)
+    visualize.draw_attention(str(path), "future attention", maps["future"], maps["target"],
+                             [0, 1], [0, 1, 2, 3], labels, future_dim=16, dpi=80)
     width, height = png_size(path)
     assert width <= 1600 and height <= 800, (width, height)
     assert len(drawn["rows"]) == 2 and set(drawn["per_row"].values()) == {4}
-    for norm in drawn["norms"]:  # a weight of 1/T, a row spread evenly, in the middle third of the colours
+    # a weight of 1/T, that of a row spread evenly, falls in the middle third of the colours
+    for norm in drawn["norms"]:
         assert 1 / 3 < norm(1 / T) < 2 / 3 and norm(1.0) == 1.0
 
 
 @draws
 def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, capsys):
-    long_prompt = "--start=" + "one two three four five six seven eight nine ten " * 2  # 20 tokens > 16
-    argv = [f"--out_dir={runs['encdec']}", "--out_dir", runs["plain"], long_prompt, "--layer", "0", "--head=0"]
+    # 20 tokens, more than the block_size of 16
+    long_prompt = "--start=" + "one two three four five six seven eight nine ten " * 2
+    argv = [f"--out_dir={runs['encdec']}", "--out_dir", runs["plain"], long_prompt,
+            "--layer", "0", "--head=0"]
     assert visualize.main(argv) == 0
     out = capsys.readouterr().out
     assert "embeddings_out-encdec_vs_out-plain.png" in written(out)
     assert "note: out-plain has no embedding loss" in out
     assert out.count("more than") == 2  # the crop, said once per run
-    assert "attention_cross_out-plain.png" in os.listdir(runs["encdec"])  # the first out_dir by default
+    # the pictures go to the first out_dir by default
+    assert "attention_cross_out-plain.png" in os.listdir(runs["encdec"])
 
 
 @draws
 def test_one_layer_and_head(runs, tmp_path, capsys):
     # encdec: 2 self-attention heads, 4 cross-attention heads; head 3 exists in cross only
-    argv = [f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3", f"--save_dir={tmp_path}"]
+    argv = [f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3",
+            f"--save_dir={tmp_path}"]
     assert visualize.main(argv) == 0
     out = capsys.readouterr().out
     assert "note: encoder attention of out-encdec has no head 3" in out
@@ -406,7 +447,8 @@ def test_failures_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert f"error: no checkpoint at {tmp_path}/best.pt" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 1
-    assert capsys.readouterr().err == "error: visualize.py draws with matplotlib: pip install matplotlib\n"
+    assert capsys.readouterr().err == ("error: visualize.py draws with matplotlib: "
+                                       "pip install matplotlib\n")
     assert os.listdir(tmp_path) == []
 
 
@@ -416,8 +458,10 @@ def test_a_checkpoint_with_flipped_bits_is_refused(runs, tmp_path, capsys):
     member = flip_bits(tmp_path / "run" / "best.pt")
     assert visualize.main([f"--out_dir={tmp_path / 'run'}", PROMPT, f"--save_dir={tmp_path}"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {tmp_path / 'run'}/best.pt is damaged: its member {member} fails its CRC32 check")
-    assert err.count("\n") == 1 and not [name for name in os.listdir(tmp_path) if name.endswith(".png")]
+    assert err.startswith(f"error: {tmp_path / 'run'}/best.pt is damaged: "
+                          f"its member {member} fails its CRC32 check")
+    pictures = [name for name in os.listdir(tmp_path) if name.endswith(".png")]
+    assert err.count("\n") == 1 and not pictures
 
 
 def test_help_lists_the_keys(capsys):
