@@ -14,9 +14,9 @@ SIMPLE_TYPES = (bool, int, float, str, type(None))
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
 HELP_FLAGS = ("-h", "--help")
 # other scripts' flags: given to the wrong script, they say where they belong
-PREPARE_KEYS = ("dataset", "input", "val", "detokenize", "num_proc", "max_chars", "url", "zip",
-                "split", "train_tokens", "val_tokens", "val_fraction", "retries")
-STUDY_KEYS = ("seeds", "out_root", "gpus", "report_only", "progress_s")
+PREPARE_KEYS = ("dataset", "input", "val", "detokenize", "threads", "num_proc", "max_chars", "url",
+                "zip", "split", "train_tokens", "val_tokens", "val_fraction", "retries", "tokens")
+STUDY_KEYS = ("seeds", "out_root", "gpus", "report_only", "progress_s", "threshold", "plot")
 KEYS_ELSEWHERE = {**dict.fromkeys(PREPARE_KEYS, "prepare_wikipedia.py"),
                   **dict.fromkeys(STUDY_KEYS, "study.py")}
 CHECKPOINT_KEYS = ("model_type",)  # the checkpoint decides them in sample.py and visualize.py

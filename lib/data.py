@@ -14,6 +14,7 @@ from lib.cli import UserError
 
 DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by default
 PREPARE_COMMANDS = {"data/wikipedia": "python prepare_wikipedia.py",
+                    "data/wikitext103": "python prepare_wikipedia.py --dataset wikitext103",
                     "data/wikitext2": "python prepare_wikipedia.py --dataset wikitext2"}
 DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
 SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so first

@@ -13,7 +13,6 @@ import pytest
 import configurator
 import train
 from conftest import REPO
-from lib import cli
 from lib.cli import ConfigError
 
 

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import report
 import train
-from lib import checkpoint, cli, data, settings
+from lib import checkpoint, cli, settings
 from lib.checkpoint import TRAINING_KEYS, model_from_checkpoint
 from lib.checkpoint import load_checkpoint
 from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
