@@ -31,12 +31,14 @@ from lib.settings import autocast_for
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from
-    checkpoint="best",  # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt, where training is)
+    # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt, where training is)
+    checkpoint="best",
     start="\n",  # the prompt, or FILE:path to read the prompt from a file
     num_samples=3,  # samples to draw
     max_new_tokens=200,  # tokens generated per sample
     temperature=0.8,  # > 0; below 1 sharper, above 1 more random
-    top_k=200,  # sample among the top_k most likely tokens; 0 = among all, 1 = greedy (always the likeliest)
+    # sample among the top_k most likely tokens; 0 = among all, 1 = greedy (always the likeliest)
+    top_k=200,
     seed=1337,
     device="cuda" if torch.cuda.is_available() else "cpu",
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
@@ -50,14 +52,15 @@ def read_prompt(start):
         return start
     path = start[len("FILE:"):]
     if not os.path.isfile(path):
-        raise ConfigError(f"prompt file {path} not found (--start=FILE:path reads the prompt from path)")
+        raise ConfigError(f"prompt file {path} not found "
+                          "(--start=FILE:path reads the prompt from path)")
     with open(path, "rb") as f:
         data = f.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
-                          f"save it as UTF-8") from None
+        raise ConfigError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at "
+                          f"offset {e.start}): save it as UTF-8") from None
 
 
 def gpt2_tokenizer():
@@ -65,13 +68,15 @@ def gpt2_tokenizer():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, "
-                        f"set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files (README: Offline)") from None
+        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set "
+                        "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files "
+                        "(README: Offline)") from None
 
 
 def check_settings(config):
     if config["temperature"] <= 0:
-        raise ConfigError(f"temperature must be > 0, got {config['temperature']} (for greedy decoding use --top_k=1)")
+        raise ConfigError(f"temperature must be > 0, got {config['temperature']} "
+                          "(for greedy decoding use --top_k=1)")
     if config["top_k"] < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {config['top_k']}")
     for key in ("num_samples", "max_new_tokens"):
@@ -98,7 +103,8 @@ def provenance(path, checkpoint):
         val = f"val loss {best:.4f}"
     else:
         val = f"best val loss so far {best:.4f}"
-    return f"sampling from {path}: {checkpoint['model_type']} at iteration {checkpoint['iter_num']:,}, {val}"
+    model_type, iter_num = checkpoint["model_type"], checkpoint["iter_num"]
+    return f"sampling from {path}: {model_type} at iteration {iter_num:,}, {val}"
 
 
 def compiled_forward(model, backend="inductor"):
@@ -128,10 +134,12 @@ def sample(config):
     if not ids:
         raise ConfigError("the prompt is empty: give --start some text")
     if max(ids) >= model.config.vocab_size:
-        raise ConfigError(f"the prompt has GPT-2 tokens beyond this model's vocab_size ({model.config.vocab_size})")
+        raise ConfigError("the prompt has GPT-2 tokens beyond this model's vocab_size "
+                          f"({model.config.vocab_size})")
     if len(ids) > model.config.block_size:  # generate() feeds the model the last block_size tokens
-        print(f"note: the prompt has {len(ids):,} tokens; the model sees only the last {model.config.block_size} "
-              f"(its block_size), then the tokens it generates", file=sys.stderr)
+        print(f"note: the prompt has {len(ids):,} tokens; the model sees only the last "
+              f"{model.config.block_size} (its block_size), then the tokens it generates",
+              file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
     torch.manual_seed(config["seed"])
@@ -150,7 +158,8 @@ def generate(model, x, config):
     for sample_index in range(config["num_samples"]):
         y = x
         for token in range(1, n_new + 1):
-            y = model.generate(y, 1, temperature=config["temperature"], top_k=config["top_k"] or None)
+            y = model.generate(y, 1, temperature=config["temperature"],
+                               top_k=config["top_k"] or None)
             now = time.monotonic()
             if now - shown >= PROGRESS_S:
                 shown, done = now, sample_index * n_new + token
