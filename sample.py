@@ -25,7 +25,7 @@ import torch
 
 import configurator
 from lib import cli, machine
-from lib.checkpoint import check_which, load_checkpoint, model_from_checkpoint, model_path
+from lib.checkpoint import load_checkpoint, model_from_checkpoint
 from lib.cli import ConfigError, UserError
 from lib.settings import autocast_for
 
@@ -71,6 +71,24 @@ def gpt2_tokenizer():
         raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set "
                         "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files "
                         "(README: Offline)") from None
+
+
+def check_which(which):
+    """Refuse a --checkpoint setting other than 'best' or 'latest'."""
+    if which not in ("best", "latest"):
+        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {which!r}")
+
+
+def model_path(out_dir, which="best"):
+    """out_dir/best.pt or ckpt.pt (a run without best.pt gives its ckpt.pt)."""
+    check_which(which)
+    best, latest = os.path.join(out_dir, "best.pt"), os.path.join(out_dir, "ckpt.pt")
+    if which == "latest":
+        return latest
+    if not os.path.isfile(best) and os.path.isfile(latest):
+        print(f"note: {out_dir} has no best.pt; using its latest state, {latest}", file=sys.stderr)
+        return latest
+    return best
 
 
 def check_settings(config):

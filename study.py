@@ -42,7 +42,7 @@ import report
 import train
 from lib import cli, data, settings
 from lib.cli import ConfigError, UserError
-from lib.checkpoint import saved_iteration
+from lib.checkpoint import TRAINING_KEYS, load_checkpoint
 from lib.guards import FolderLock
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
@@ -211,6 +211,11 @@ def settings_differ(start, config):
     if saved != json.loads(json.dumps(settings.model_args_of(config))):
         differ.append("the model settings")
     return differ
+
+
+def saved_iteration(path):
+    """A checkpoint's iteration, without loading its tensors."""
+    return load_checkpoint(path, TRAINING_KEYS, mmap=True)["iter_num"]
 
 
 def find_state(run):

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 import configurator
 from lib import cli
-from lib.checkpoint import check_which, load_checkpoint, model_from_checkpoint, model_path
+from lib.checkpoint import load_checkpoint, model_from_checkpoint
 from lib.cli import ConfigError, UserError
-from sample import gpt2_tokenizer, read_prompt
+from sample import check_which, gpt2_tokenizer, model_path, read_prompt
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to draw; repeat --out_dir=... to compare runs

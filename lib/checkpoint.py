@@ -6,26 +6,19 @@ written under a temporary name and renamed, and checked against torch's CRC32s w
 """
 
 import os
-import random
-import sys
 import zipfile
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from lib import data, settings
-from lib.cli import ConfigError, UserError, write_atomically
+from lib.cli import UserError, write_atomically
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
 TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")
-FILES = {"latest": "ckpt.pt", "best": "best.pt"}
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # not settings of the run
-
-
-# what a checkpoint holds, and writing it
 
 
 def model_state(config, model_args, model, iter_num, best_val_loss, data_identity):
@@ -103,33 +96,11 @@ def check_crc(path):
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()  # the first member that fails, or None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return
+        return  # not a zip: torch.load says so
     if damaged:
-        other = {"ckpt.pt": "; best.pt (the model alone) may be whole",
-                 "best.pt": ", or use the latest state instead (--checkpoint=latest)"}
+        latest = ", or use --checkpoint=latest" if path.endswith("best.pt") else ""
         raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check — restore "
-                        "a good copy of it, or train again" + other.get(os.path.basename(path), ""))
-
-
-def saved_iteration(path):
-    """A checkpoint's iteration, without loading its tensors."""
-    return load_checkpoint(path, TRAINING_KEYS, mmap=True)["iter_num"]
-
-
-def check_which(which):
-    """Refuse a --checkpoint setting other than 'best' or 'latest'."""
-    if which not in FILES:
-        raise ConfigError(f"checkpoint must be 'best' or 'latest', got {which!r}")
-
-
-def model_path(out_dir, which="best"):
-    """out_dir/best.pt or ckpt.pt (a run without best.pt gives its ckpt.pt)."""
-    check_which(which)
-    path, latest = os.path.join(out_dir, FILES[which]), os.path.join(out_dir, FILES["latest"])
-    if which == "best" and not os.path.isfile(path) and os.path.isfile(latest):
-        print(f"note: {out_dir} has no best.pt; using its latest state, {latest}", file=sys.stderr)
-        return latest
-    return path
+                        f"a good copy of it, or train again{latest}")
 
 
 def model_from_checkpoint(saved):
@@ -203,10 +174,11 @@ def check_data_identity(saved, identity, new_data, out_dir):
     saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
     best = os.path.join(out_dir, "best.pt")
     if os.path.isfile(best):
-        kept, number = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}.pt"), 1
-        while os.path.exists(kept):
+        stem, number = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}"), 1
+        kept = f"{stem}.pt"
+        while os.path.exists(kept):  # never over a file kept before
             number += 1
-            kept = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}-{number}.pt")
+            kept = f"{stem}-{number}.pt"
         os.replace(best, kept)
         print(f"new_data=True: best.pt starts afresh; the previous one is kept as {kept}")
 
@@ -219,33 +191,19 @@ def restore(saved, model, optimizer, scaler, batch_generator, rank):
     if saved["scaler"]:  # empty when saved without fp16
         scaler.load_state_dict(saved["scaler"])
     if rank < len(saved["rng"]):  # new ranks keep their seeds
-        set_rng_state(saved["rng"][rank], batch_generator)
+        rng = saved["rng"][rank]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_initialized():
+            torch.cuda.set_rng_state(rng["cuda"])
+        batch_generator.set_state(rng["batches"])
 
 
 def rng_states(batch_generator, world_size):
-    """Every rank's random states, on every rank."""
-    numpy_state = np.random.get_state(legacy=False)
-    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()  # for weights_only
-    state = {
-        "python": random.getstate(),
-        "numpy": numpy_state,
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
-        "batches": batch_generator.get_state(),
-    }
+    """Every rank's random states, on every rank: torch's (dropout), CUDA's and the batches'."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+    state = dict(torch=torch.get_rng_state(), cuda=cuda, batches=batch_generator.get_state())
     if world_size == 1:
         return [state]
     states = [None] * world_size
     dist.all_gather_object(states, state)
     return states
-
-
-def set_rng_state(state, batch_generator):
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    numpy_state["state"]["key"] = np.array(numpy_state["state"]["key"], dtype=np.uint32)
-    np.random.set_state(numpy_state)
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])
-    batch_generator.set_state(state["batches"])

@@ -41,33 +41,32 @@ class Stopped(BaseException):
 
 
 class StopRequests:
-    """Within it, a stop signal sets .signum for the script to stop where it can save, printing
-    acknowledge(signum). A second one raises Stopped and ends the process in exit_within_s
-    seconds. passed_on: under torchrun, the same signal within REPEAT_S s is torchrun's copy."""
+    """Within it, a first stop signal sets .signum, for the script to stop where it can save,
+    and prints acknowledge(signum). A second one raises Stopped, and ends the process within
+    exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, which passes
+    on the signal it gets, the same signal within 5 s is torchrun's copy of the first."""
 
-    REPEAT_S = 5.0
-
-    def __init__(self, acknowledge=None, passed_on=False, exit_within_s=None):
+    def __init__(self, acknowledge=None, passed_on=False, exit_within_s=None,
+                 signals=STOP_SIGNALS):
         self.signum, self.acknowledge, self.passed_on = None, acknowledge, passed_on
-        self.exit_within_s = exit_within_s
+        self.exit_within_s, self.signals = exit_within_s, signals
 
     def __enter__(self):
         self.previous = {}
         if threading.current_thread() is threading.main_thread():  # where signals arrive
-            self.previous = {s: signal.signal(s, self.request) for s in STOP_SIGNALS}
+            self.previous = {s: signal.signal(s, self.request) for s in self.signals}
         return self
 
     def request(self, signum, frame):
         if self.signum is not None:
-            recent = time.monotonic() - self.requested_at < self.REPEAT_S
-            if self.passed_on and signum == self.signum and recent:
+            if self.passed_on and signum == self.signum and time.monotonic() < self.copies_until:
                 return
             if self.exit_within_s is not None:
                 watchdog = threading.Timer(self.exit_within_s, exit_now, args=(128 + signum,))
                 watchdog.daemon = True
                 watchdog.start()
             raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
-        self.signum, self.requested_at = signum, time.monotonic()
+        self.signum, self.copies_until = signum, time.monotonic() + 5.0
         if signum == signal.SIGHUP:
             leave_a_closed_terminal()
         line = self.acknowledge and self.acknowledge(signum)
@@ -102,7 +101,7 @@ def leave_a_closed_terminal():
         except termios.error as e:
             if e.args[0] == errno.EIO:
                 to_devnull(stream)
-        except (OSError, ValueError):  # not a terminal
+        except ValueError:  # no file behind the stream
             pass
 
 
@@ -111,40 +110,6 @@ def to_devnull(stream):
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, stream.fileno())
     os.close(devnull)
-
-
-class quiet_when_closed:
-    """Within it, when stdout's reader goes away (`python train.py | head`), what follows goes
-    to /dev/null and on_close() is called once, instead of the next print ending the script."""
-
-    def __init__(self, on_close):
-        self.on_close, self.closed = on_close, False
-
-    def __enter__(self):
-        self.stream, sys.stdout = sys.stdout, self
-        return self
-
-    def write(self, text):
-        return self.guarded(self.stream.write, text)
-
-    def flush(self):
-        return self.guarded(self.stream.flush)
-
-    def guarded(self, method, *args):
-        try:
-            return method(*args)
-        except BrokenPipeError:
-            to_devnull(self.stream)
-            if not self.closed:
-                self.closed = True
-                self.on_close()
-            return None
-
-    def __getattr__(self, name):  # the rest is the stream's
-        return getattr(self.stream, name)
-
-    def __exit__(self, *exc_info):
-        sys.stdout = self.stream
 
 
 def raise_stopped(signum, frame):

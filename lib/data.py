@@ -3,6 +3,8 @@ The data folder of prepare_wikipedia.py: train.bin and val.bin (uint16 GPT-2 tok
 meta.json. A run checks it, identifies it by sha256, and holds a shared lock on it.
 """
 
+import codecs
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -21,8 +23,7 @@ SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so fir
 
 
 def check_data(data_dir, block_size, vocab_size):
-    """Refuse data that would fail mid-run; returns its identity: data_dir and the sha256s,
-    checked against meta.json's."""
+    """Refuse data that would fail mid-run; returns its identity: data_dir and the sha256s."""
     meta_path = os.path.join(data_dir, "meta.json")
     meta, identity = {}, {"data_dir": data_dir}
     if os.path.isfile(meta_path):
@@ -47,14 +48,14 @@ def check_data(data_dir, block_size, vocab_size):
         if n_tokens < block_size + 1:
             raise UserError(f"{path} holds {n_tokens} tokens, fewer than block_size + 1 = "
                             f"{block_size + 1}: prepare more text or lower --block_size")
-        # meta.json is written last: a .bin that disagrees comes from another preparation
+        # meta.json is written last: a .bin that disagrees is of another preparation
         if recorded.get("tokens", n_tokens) != n_tokens:
             raise UserError(f"{path} holds {n_tokens:,} tokens but {meta_path} records "
                             f"{recorded['tokens']:,}: prepare the data again")
         if n_bytes >= SLOW_HASH_BYTES:
             print(f"hashing {path} ({n_bytes / 1e9:,.1f} GB) to identify the data")
-        identity[f"{split}_sha256"] = sha256_of(path)
-        if recorded.get("sha256", identity[f"{split}_sha256"]) != identity[f"{split}_sha256"]:
+        sha256 = identity[f"{split}_sha256"] = sha256_of(path)
+        if recorded.get("sha256", sha256) != sha256:
             raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare the data "
                             "again")
         max_token_id = recorded.get("max_token_id")
@@ -76,7 +77,7 @@ def short_identity(identity):
 
 
 def stamps(data_dir):
-    """{file name: (size, mtime) or None}: a cheap check that nothing rewrote the data."""
+    """{file name: (size, mtime) or None}: a cheap look at whether the data was rewritten."""
     found = {}
     for name in ("train.bin", "val.bin", "meta.json"):
         try:
@@ -119,32 +120,25 @@ def hold_for_reading(data_dir):
 
 
 def check_format(path):
-    """Refuse a .bin of int32 or int64 ids (whose upper halves are zeros) or of text (no zero
-    byte), which uint16 token data never looks like."""
-    head = np.fromfile(path, dtype=np.uint8, count=1 << 20)
+    """Refuse a .bin of int32 or int64 ids (every token's upper uint16 words are zeros) or of
+    text (UTF-8 without a zero byte), which uint16 token data never looks like."""
+    words = np.fromfile(path, dtype=np.uint16, count=1 << 19)
     found = None
     for width, name in ((4, "int64"), (2, "int32")):  # uint16 words per token id
-        words = head[: len(head) // (2 * width) * 2 * width].view(np.uint16).reshape(-1, width)
-        if len(words) >= 2 and words[:, 0].any() and not words[:, 1:].any():
+        ids = words[: len(words) // width * width].reshape(-1, width)
+        if len(ids) >= 2 and ids[:, 0].any() and not ids[:, 1:].any():
             found = f"{name} token ids"
             break
-    if found is None and len(head) and not (head == 0).any() and is_utf8(head.tobytes()):
-        found = "text"
+    head = words.tobytes()
+    if found is None and head and b"\0" not in head:
+        with contextlib.suppress(UnicodeDecodeError):
+            codecs.getincrementaldecoder("utf-8")().decode(head)  # may end mid-character
+            found = "text"
     if found:
         raise UserError(f"{path} does not hold uint16 token ids: it looks like {found}; prepare "
                         "text with prepare_wikipedia.py --input, or write ids as np.uint16")
 
 
-def is_utf8(head):
-    """Is head UTF-8, but for a character cut at its end?"""
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return e.start >= len(head) - 3
-    return True
-
-
 def sha256_of(path):
-    """The SHA-256 of the file at path, as 64 hex digits."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

@@ -42,25 +42,32 @@ def launched(config, under_way, as_script=False):
                                                config["vocab_size"])
                     out_lock = claim_out_dir(config)
                     undo.callback(out_lock.close)
+
             def acknowledge(signum):  # a first signal's answer, at once
-                name, again = signal.Signals(signum).name, cli.again(signum)
-                return f"{name}: stopping after {under_way()} with its state saved; {again}"
+                return (f"{signal.Signals(signum).name}: stopping after {under_way()} with its "
+                        f"state saved; {cli.again(signum)}")
 
             stop = undo.enter_context(cli.StopRequests(
                 acknowledge if rank == 0 else None, passed_on=ddp,
                 exit_within_s=10.0 if as_script else None))
 
-            def pipe_closed():  # stdout's reader went away: a stop, if none is under way
+            def pipe_closed(signum, frame):  # a stop, unless a signal asked for one already
                 if stop.signum is None:
-                    stop.request(signal.SIGPIPE, None)
+                    stop.request(signum, frame)
 
-            undo.enter_context(cli.quiet_when_closed(on_close=pipe_closed))
+            # `python train.py | head`: the kernel sends SIGPIPE with the first write to the
+            # closed pipe, and log.write sends what follows to /dev/null
+            undo.callback(signal.signal, signal.SIGPIPE, signal.signal(signal.SIGPIPE, pipe_closed))
             yield rank, world_size, device, identity, stamps, stop
         except BaseException as error:
             out_of_memory = isinstance(error, torch.OutOfMemoryError) or (
                 isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
             if out_lock:  # a failed launch leaves no out_dir it made
-                out_lock.undo(fresh_run=out_of_memory and config["init_from"] == "scratch")
+                log_path = os.path.join(config["out_dir"], "log.jsonl")
+                never_saved = not os.path.exists(os.path.join(config["out_dir"], "ckpt.pt"))
+                if out_of_memory and config["init_from"] == "scratch" and never_saved:
+                    os.remove(log_path)  # so that the command with a smaller batch is not refused
+                out_lock.undo()
             if out_of_memory:
                 where = "the GPU" if device.startswith("cuda") else "this machine"
                 raise UserError(f"out of memory: {config['batch_size']} sequences of "
@@ -101,24 +108,23 @@ def rank0_decides(ddp):
 
 
 class FolderLock:
-    """This process's flock on folder/name, a file naming the holder, which ends with the
-    process; undo() removes what the lock made while nothing else was written."""
+    """An flock on folder/name, a file that names the holder; the kernel releases it when the
+    process ends, however it ends. undo() also removes the file and the folders it made, those
+    that stay empty."""
 
     def __init__(self, folder, name, program, option):
-        self.folder, self.path = folder, os.path.join(folder, name)
-        made = []  # the folders makedirs will create, deepest first
-        parent = os.path.abspath(folder)
+        self.path = os.path.join(folder, name)
+        self.made, parent = [], os.path.abspath(folder)  # what makedirs creates, deepest first
         while not os.path.exists(parent):
-            made.append(parent)
+            self.made.append(parent)
             parent = os.path.dirname(parent)
         try:
             os.makedirs(folder, exist_ok=True)
-            new_file = not os.path.exists(self.path)
+            self.made_file = not os.path.exists(self.path)
             self.file = open(self.path, "a+")
         except OSError as e:
             raise UserError(f"cannot create {option} {folder} ({e.strerror}): "
                             f"choose another --{option}") from None
-        self.created = [self.path] * new_file + made  # what undo() removes, in this order
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -130,31 +136,16 @@ class FolderLock:
         self.file.truncate(0)
         self.file.write(f"{program} (process {os.getpid()} on {socket.gethostname()})\n")
         self.file.flush()
-        self.keep()
-
-    def contents(self):
-        return {entry.name: entry.stat().st_size for entry in os.scandir(self.folder)
-                if entry.path != self.path}
-
-    def keep(self):
-        """The folder as it is now counts as untouched."""
-        self.untouched = self.contents()
 
     def close(self):
         self.file.close()
 
-    def undo(self, fresh_run=False):
-        """Unlock, and remove what the lock made if nothing was written since keep(). fresh_run:
-        a new run's own log.jsonl counts as nothing."""
-        written = {name for name, size in self.contents().items()
-                   if self.untouched.get(name) != size}
-        if fresh_run and written == {"log.jsonl"} and "log.jsonl" not in self.untouched:
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(self.folder, "log.jsonl"))
-        if self.contents() == self.untouched:
-            for path in self.created:
-                with contextlib.suppress(OSError):  # a folder that holds something else stays
-                    (os.remove if path == self.path else os.rmdir)(path)
+    def undo(self):
+        if self.made_file:
+            os.remove(self.path)
+        for folder in self.made:
+            with contextlib.suppress(OSError):  # a folder that holds something stays
+                os.rmdir(folder)
         self.close()
 
 
@@ -179,7 +170,6 @@ def claim_out_dir(config):
         for name in existing:
             os.remove(os.path.join(out_dir, name))
         print(f"overwrite=True: deleted {names} in {out_dir}")
-    lock.keep()  # the deletions above count as done before the run
     return lock
 
 

@@ -7,9 +7,10 @@ weighted sum that the gradients come from; "eval" records hold cross-entropy los
 import json
 import math
 import os
+import sys
 import time
 
-from lib.cli import UserError, write_problem
+from lib.cli import UserError, to_devnull, write_problem
 
 
 def console_line(record):
@@ -79,7 +80,10 @@ def tokens_per_iter(config):
 
 def write(path, record, wandb=None):
     """Print a record's line, append it to the log, and send its numbers to wandb."""
-    print(console_line(record))
+    try:
+        print(console_line(record))
+    except BrokenPipeError:  # stdout's reader went away; its SIGPIPE stops the run (guards.py)
+        to_devnull(sys.stdout)
     append(path, record)
     if wandb and record["type"] in ("train", "eval"):
         wandb.log(dict(flat(record, record["type"])))
@@ -87,9 +91,10 @@ def write(path, record, wandb=None):
 
 def append(path, record):
     """Append a record and the time as strict JSON: a non-finite number becomes null, its name
-    listed under "nonfinite" (e.g. "aux/future_attn_loss_per_layer/2")."""
-    nonfinite = []
-    record = dict(finite_only(record, "", nonfinite), time=time.time())
+    listed under "nonfinite" (e.g. "aux/future_attn_loss_per_layer/2", the second layer's)."""
+    nonfinite = [name for name, value in flat(record, "") if not math.isfinite(value)]
+    record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN → null
+    record["time"] = time.time()
     if nonfinite:
         record["nonfinite"] = nonfinite
     try:
@@ -106,19 +111,6 @@ def end_line(path):
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
                 f.write(b"\n")
-
-
-def finite_only(value, name, nonfinite):
-    """value with each non-finite float None, its name added to nonfinite."""
-    if isinstance(value, float) and not math.isfinite(value):
-        nonfinite.append(name)
-        return None
-    if isinstance(value, dict):
-        return {key: finite_only(item, f"{name}/{key}" if name else key, nonfinite)
-                for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_only(item, f"{name}/{index}", nonfinite) for index, item in enumerate(value)]
-    return value
 
 
 def flat(value, name):

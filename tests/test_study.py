@@ -31,7 +31,7 @@ import torch
 import report
 import study
 from lib import cli
-from lib.checkpoint import TRAINING_KEYS, load_checkpoint, saved_iteration
+from lib.checkpoint import TRAINING_KEYS, load_checkpoint
 from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
 
 
@@ -175,7 +175,7 @@ def test_kill_then_resume(two_configs, tmp_path):
     try:
         deadline = time.time() + 60
         def saved_past_0():
-            return ckpt_path.exists() and saved_iteration(str(ckpt_path)) > 0
+            return ckpt_path.exists() and study.saved_iteration(str(ckpt_path)) > 0
 
         while not saved_past_0() and time.time() < deadline:
             time.sleep(0.02)
