@@ -859,10 +859,10 @@ def draw_picture(table, args):
     print(f"wrote {path}")
 
 
-def acknowledgement(signum):
-    """The line a first signal gets at once, while the runs finish their steps."""
-    return (f"{signal.Signals(signum).name}: passed on to the running runs, which stop after "
-            f"their current step with their state saved; {cli.again(signum)}")
+def plan():
+    """What a first signal is told at once, while the runs finish their steps."""
+    return ("passed on to the running runs, which stop after their current step with their "
+            "state saved")
 
 
 def train_study(runs, slots, args):
@@ -871,7 +871,7 @@ def train_study(runs, slots, args):
     cli.Stopped raised."""
     for run in runs:
         find_state(run)
-    with cli.StopRequests(acknowledgement) as stop:
+    with cli.StopRequests(plan) as stop:
         failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
     if stop.signum:
         write_table(runs, args)

@@ -1,8 +1,7 @@
 """
 Everything about a checkpoint: what it holds, writing it, reading it back and checking it.
 out_dir/ckpt.pt holds the latest state, all a resumed run needs; out_dir/best.pt the model of the
-best evaluation. A checkpoint is a dict of tensors and plain values (weights_only=True loads it),
-written under a temporary name and renamed, and checked against torch's CRC32s when read.
+best evaluation. Both are dicts of tensors and plain values, which weights_only=True loads.
 """
 
 import os
@@ -17,7 +16,6 @@ from lib.cli import UserError, write_atomically
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
 TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")
-RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # not settings of the run
 
 
@@ -45,8 +43,8 @@ def named_tensors(value, name=""):
 
 
 def nonfinite_tensors(state):
-    """The names (model/..., optimizer/...) of the tensors that hold a NaN or an infinity; one
-    read from each device for the whole state."""
+    """The names (model/..., optimizer/...) of the tensors that hold a NaN or an infinity, in
+    one read from each device."""
     named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
     finite = {}  # by device: AdamW's step counts stay on the CPU
     for _, t in named:
@@ -133,10 +131,11 @@ def load_resumable(path, config, model_args):
 def check_resumed_data(saved, config, identity, path):
     """Check a resume's data; say where it goes on from and which settings changed."""
     check_data_identity(saved, identity, config["new_data"], config["out_dir"])
-    iter_num, max_iters = saved["iter_num"], config["max_iters"]
-    changed = changed_settings(saved, config)
+    before, iter_num, max_iters = saved["config"], saved["iter_num"], config["max_iters"]
+    changed = [f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
+               if key in before and key not in LAUNCH_KEYS and before[key] != value]
     if changed:
-        print(f"resumed with settings that differ from the checkpoint's: {changed}")
+        print(f"resumed with settings that differ from the checkpoint's: {', '.join(changed)}")
     if nothing_to_train(saved, config):
         print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train")
     else:
@@ -148,28 +147,20 @@ def nothing_to_train(saved, config):
     return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
 
 
-def changed_settings(saved, config):
-    """'key old → new, ...' for the settings that differ from the checkpoint's."""
-    before = saved["config"]
-    return ", ".join(f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
-                     if key in before and key not in LAUNCH_KEYS and before[key] != value)
-
-
 def check_data_identity(saved, identity, new_data, out_dir):
     """A resume on other data needs new_data; a new val.bin then starts best.pt afresh (val
     losses compare on the same data only), the old one renamed."""
     recorded = saved.get("data")
     if recorded is None:  # older files did not record it
         return
-    same = [split for split in ("train", "val")
-            if recorded[f"{split}_sha256"] == identity[f"{split}_sha256"]]
-    if len(same) == 2:
+    new_val = recorded["val_sha256"] != identity["val_sha256"]
+    if recorded["train_sha256"] == identity["train_sha256"] and not new_val:
         return
     if not new_data:
         raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data, "
                         f"{data.short_identity(recorded)}, than {data.short_identity(identity)}: "
                         "resume with that data, or pass --new_data=True")
-    if "val" in same:
+    if not new_val:
         return
     saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
     best = os.path.join(out_dir, "best.pt")

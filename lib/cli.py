@@ -42,22 +42,20 @@ class Stopped(BaseException):
 
 class StopRequests:
     """Within it, a first stop signal sets .signum, for the script to stop where it can save,
-    and prints acknowledge(signum). A second one raises Stopped, and ends the process within
-    exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, which passes
-    on the signal it gets, the same signal within 5 s is torchrun's copy of the first."""
+    and is answered at once with plan(). A second raises Stopped, and ends the process within
+    exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, the same
+    signal again within 5 s is torchrun's copy of the first."""
 
-    def __init__(self, acknowledge=None, passed_on=False, exit_within_s=None,
-                 signals=STOP_SIGNALS):
-        self.signum, self.acknowledge, self.passed_on = None, acknowledge, passed_on
-        self.exit_within_s, self.signals = exit_within_s, signals
+    def __init__(self, plan=None, passed_on=False, exit_within_s=None):
+        self.signum, self.plan, self.passed_on = None, plan, passed_on
+        self.exit_within_s = exit_within_s
 
     def __enter__(self):
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():  # where signals arrive
-            self.previous = {s: signal.signal(s, self.request) for s in self.signals}
+        self.previous = {s: signal.signal(s, self.request) for s in STOP_SIGNALS}
         return self
 
     def request(self, signum, frame):
+        name = signal.Signals(signum).name
         if self.signum is not None:
             if self.passed_on and signum == self.signum and time.monotonic() < self.copies_until:
                 return
@@ -65,13 +63,15 @@ class StopRequests:
                 watchdog = threading.Timer(self.exit_within_s, exit_now, args=(128 + signum,))
                 watchdog.daemon = True
                 watchdog.start()
-            raise Stopped(signum, f"stopped at once by a second {signal.Signals(signum).name}")
+            raise Stopped(signum, f"stopped at once by a second {name}")
         self.signum, self.copies_until = signum, time.monotonic() + 5.0
         if signum == signal.SIGHUP:
             leave_a_closed_terminal()
-        line = self.acknowledge and self.acknowledge(signum)
-        if line:
-            print(line, file=sys.stderr, flush=True)
+        if self.plan:
+            again = "a second signal stops at once"
+            if signum == signal.SIGINT:
+                again = "Ctrl-C again to stop at once"
+            print(f"{name}: {self.plan()}; {again}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc_info):
         for signum, handler in self.previous.items():
@@ -86,15 +86,8 @@ def exit_now(status):
     os._exit(status)
 
 
-def again(signum):
-    """How to stop at once after a first signal, for its acknowledgement."""
-    if signum == signal.SIGINT:
-        return "Ctrl-C again to stop at once"
-    return "a second signal stops at once"
-
-
 def leave_a_closed_terminal():
-    """After a SIGHUP, what goes to a closed terminal (EIO) goes to /dev/null instead."""
+    """After a SIGHUP, what goes to a closed terminal goes to /dev/null instead."""
     for stream in (sys.stdout, sys.stderr):
         try:
             termios.tcgetattr(stream)  # EIO once the terminal closed
@@ -125,9 +118,8 @@ def main(entry):
     @functools.wraps(entry)
     def wrapped(argv=None):
         argv = sys.argv[1:] if argv is None else argv
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        stop_signals = STOP_SIGNALS[1:] if in_main_thread else ()  # SIGINT raises already
-        previous = {signum: signal.signal(signum, raise_stopped) for signum in stop_signals}
+        # Ctrl-C raises KeyboardInterrupt already; the others raise Stopped
+        previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS[1:]}
         try:
             return entry(argv) or 0
         except UserError as e:
@@ -156,18 +148,14 @@ ADVICE = {  # what to do when a write fails, by errno
     errno.ENOSPC: "free some space on that disk, or write to another one",
     errno.EDQUOT: "free some space under your disk quota, or write elsewhere",
     errno.EACCES: "check the folder's permissions, or write elsewhere",
-    errno.EPERM: "check the folder's permissions, or write elsewhere",
     errno.EROFS: "the file system is read-only: write elsewhere",
 }
 
 
 def write_atomically(path, write, size=0):
-    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size lets
-    a full disk be seen before writing."""
+    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size, what
+    write() writes, tells a full disk from torch.save's RuntimeError."""
     tmp_path = path + ".tmp"
-    folder = os.path.dirname(os.path.abspath(path))
-    if size and os.path.isdir(folder) and shutil.disk_usage(folder).free < size:
-        raise UserError(write_problem(path, RuntimeError("not enough space"), size))
     try:
         with open(tmp_path, "wb") as f:
             write(f)

@@ -22,8 +22,8 @@ DIVERGED_NATS = 1.0  # an evaluation this far above the best is no state worth r
 
 @contextlib.contextmanager
 def launched(config, under_way, as_script=False):
-    """Joins the process group; rank 0 locks and checks the data and claims out_dir; signals
-    then wait for what under_way() names. Yields (rank, world_size, device, data identity,
+    """Joins the process group; rank 0 locks and checks the data and claims out_dir; a signal
+    then waits for what under_way() names. Yields (rank, world_size, device, data identity,
     stamps, stop)."""
     rank, world_size, device = setup_distributed(config)
     ddp, out_lock = world_size > 1, None
@@ -43,30 +43,30 @@ def launched(config, under_way, as_script=False):
                     out_lock = claim_out_dir(config)
                     undo.callback(out_lock.close)
 
-            def acknowledge(signum):  # a first signal's answer, at once
-                return (f"{signal.Signals(signum).name}: stopping after {under_way()} with its "
-                        f"state saved; {cli.again(signum)}")
+            def plan():  # said at once to a first signal
+                return f"stopping after {under_way()} with its state saved"
 
             stop = undo.enter_context(cli.StopRequests(
-                acknowledge if rank == 0 else None, passed_on=ddp,
+                plan if rank == 0 else None, passed_on=ddp,
                 exit_within_s=10.0 if as_script else None))
 
             def pipe_closed(signum, frame):  # a stop, unless a signal asked for one already
                 if stop.signum is None:
                     stop.request(signum, frame)
 
-            # `python train.py | head`: the kernel sends SIGPIPE with the first write to the
-            # closed pipe, and log.write sends what follows to /dev/null
+            # `python train.py | head`: a write to the closed pipe gets a SIGPIPE; log.write
+            # sends what follows to /dev/null
             undo.callback(signal.signal, signal.SIGPIPE, signal.signal(signal.SIGPIPE, pipe_closed))
             yield rank, world_size, device, identity, stamps, stop
         except BaseException as error:
             out_of_memory = isinstance(error, torch.OutOfMemoryError) or (
                 isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
             if out_lock:  # a failed launch leaves no out_dir it made
-                log_path = os.path.join(config["out_dir"], "log.jsonl")
-                never_saved = not os.path.exists(os.path.join(config["out_dir"], "ckpt.pt"))
-                if out_of_memory and config["init_from"] == "scratch" and never_saved:
-                    os.remove(log_path)  # so that the command with a smaller batch is not refused
+                saved = os.path.exists(os.path.join(config["out_dir"], "ckpt.pt"))
+                if out_of_memory and config["init_from"] == "scratch" and not saved:
+                    # the new run's log alone would make a smaller batch need --overwrite
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(config["out_dir"], "log.jsonl"))
                 out_lock.undo()
             if out_of_memory:
                 where = "the GPU" if device.startswith("cuda") else "this machine"
@@ -108,9 +108,8 @@ def rank0_decides(ddp):
 
 
 class FolderLock:
-    """An flock on folder/name, a file that names the holder; the kernel releases it when the
-    process ends, however it ends. undo() also removes the file and the folders it made, those
-    that stay empty."""
+    """An flock on folder/name, a file naming the holder, released by the kernel when the
+    process ends, however it ends. undo() also removes the file and folders it made, if empty."""
 
     def __init__(self, folder, name, program, option):
         self.path = os.path.join(folder, name)
@@ -144,7 +143,7 @@ class FolderLock:
         if self.made_file:
             os.remove(self.path)
         for folder in self.made:
-            with contextlib.suppress(OSError):  # a folder that holds something stays
+            with contextlib.suppress(OSError):  # one that holds something stays
                 os.rmdir(folder)
         self.close()
 
@@ -153,10 +152,7 @@ def claim_out_dir(config):
     """Make and lock out_dir; a new run refuses one that holds a run, unless overwrite."""
     out_dir = config["out_dir"]
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
-    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a killed save
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out_dir, name))
-    existing = [name for name in checkpoint.RUN_FILES
+    existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
                 if os.path.exists(os.path.join(out_dir, name))]
     if config["init_from"] == "scratch" and existing:
         names = ", ".join(existing)

@@ -524,11 +524,8 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(data_d
     def torch_full(obj, f):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
 
-    calls = []
-
-    def disk_usage(path):  # room before the write (the check made first), none after it failed
-        calls.append(path)
-        return Usage(total=10**9, used=10**9, free=10**9 if len(calls) == 1 else 1000)
+    def disk_usage(path):  # the disk full
+        return Usage(total=10**9, used=10**9, free=1000)
 
     monkeypatch.setattr(checkpoint.torch, "save", torch_full)
     monkeypatch.setattr(cli.shutil, "disk_usage", disk_usage)
