@@ -33,7 +33,7 @@ def training_state(model_state, optimizer, scaler, rng, last_eval_iter, first_va
 
 
 def named_tensors(value, name=""):
-    """(path, tensor) for every tensor in a nested dict, list or tuple."""
+    """(name/key/..., tensor) for every tensor in nested dicts, lists and tuples."""
     if isinstance(value, torch.Tensor):
         yield name, value
     elif isinstance(value, (dict, list, tuple)):
@@ -66,10 +66,6 @@ def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
     """A checkpoint train.py wrote that holds `keys`, on the CPU; mmap maps its tensors."""
     path = str(path)
     if not os.path.isfile(path):
-        folder = os.path.dirname(path) or "."
-        if os.path.isfile(os.path.join(folder, "log.jsonl")):
-            raise UserError(f"no checkpoint at {path}: the run in {folder} stopped before its "
-                            "first one — start it again with --overwrite=True")
         raise UserError(f"no checkpoint at {path} — train one first")
     check_crc(path)
     try:
@@ -89,7 +85,7 @@ def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
 
 
 def check_crc(path):
-    """Refuse a checkpoint whose bytes changed on disk: testzip() checks each member's CRC32."""
+    """Refuse a file whose bytes changed on disk: testzip() checks each member's CRC32."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()  # the first member that fails, or None
@@ -102,7 +98,6 @@ def check_crc(path):
 
 
 def model_from_checkpoint(saved):
-    """The GPT of the checkpoint's model_type, with its weights."""
     try:
         model = settings.build_model(saved["model_type"], saved["model_args"])
         model.load_state_dict(saved["model"])
@@ -113,7 +108,7 @@ def model_from_checkpoint(saved):
 
 
 def load_resumable(path, config, model_args):
-    """The ckpt.pt to resume from: a training state of the model the config asks for."""
+    """ckpt.pt, checked to hold a training state of the model the config asks for."""
     saved = load_checkpoint(path, TRAINING_KEYS)
     if saved["model_type"] != config["model_type"]:
         raise UserError(f"cannot resume: the checkpoint holds model_type {saved['model_type']!r}, "
@@ -143,7 +138,6 @@ def check_resumed_data(saved, config, identity, path):
 
 
 def nothing_to_train(saved, config):
-    """Is a resumed run at max_iters, its last evaluation made?"""
     return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
 
 

@@ -34,9 +34,8 @@ class ConfigError(UserError, ValueError):
 class Stopped(BaseException):
     """A stop signal ended the script; the message says what was saved."""
 
-    def __init__(self, signum, message=None):
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name}" if message is None else message)
+    def __init__(self, signum, message):
+        super().__init__(message)
         self.signum = signum
 
 
@@ -99,7 +98,6 @@ def leave_a_closed_terminal():
 
 
 def to_devnull(stream):
-    """What stream gets from now on goes to /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, stream.fileno())
     os.close(devnull)
@@ -108,7 +106,7 @@ def to_devnull(stream):
 def raise_stopped(signum, frame):
     if signum == signal.SIGHUP:
         leave_a_closed_terminal()
-    raise Stopped(signum)
+    raise Stopped(signum, f"stopped by {signal.Signals(signum).name}")
 
 
 def main(entry):
@@ -146,7 +144,6 @@ def main(entry):
 
 ADVICE = {  # what to do when a write fails, by errno
     errno.ENOSPC: "free some space on that disk, or write to another one",
-    errno.EDQUOT: "free some space under your disk quota, or write elsewhere",
     errno.EACCES: "check the folder's permissions, or write elsewhere",
     errno.EROFS: "the file system is read-only: write elsewhere",
 }

@@ -19,7 +19,6 @@ PREPARE_COMMANDS = {"data/wikipedia": "python prepare_wikipedia.py",
                     "data/wikitext103": "python prepare_wikipedia.py --dataset wikitext103",
                     "data/wikitext2": "python prepare_wikipedia.py --dataset wikitext2"}
 DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
-SLOW_HASH_BYTES = 1 << 30  # a file this large takes seconds to hash: say so first
 
 
 def check_data(data_dir, block_size, vocab_size):
@@ -47,8 +46,6 @@ def check_data(data_dir, block_size, vocab_size):
         if n_bytes // 2 < block_size + 1:
             raise UserError(f"{path} holds {n_bytes // 2} tokens, fewer than block_size + 1 = "
                             f"{block_size + 1}: prepare more text or lower --block_size")
-        if n_bytes >= SLOW_HASH_BYTES:
-            print(f"hashing {path} ({n_bytes / 1e9:,.1f} GB) to identify the data")
         sha256 = identity[f"{split}_sha256"] = sha256_of(path)
         # meta.json is written last: a .bin that disagrees is of another preparation
         recorded = meta.get(split, {})
@@ -86,8 +83,8 @@ def stamps(data_dir):
 
 
 def lock_data_dir(data_dir, shared):
-    """data_dir/data.lock, held shared by runs and exclusively by prepare_wikipedia.py. Returns
-    the open, locked file, or None when it is held the other way (no one waits)."""
+    """data_dir/data.lock, held shared by runs and exclusively by prepare_wikipedia.py, or None
+    when it is held the other way (no one waits)."""
     path = os.path.join(data_dir, DATA_LOCK)
     try:
         lock = open(path, "a+")
@@ -104,11 +101,11 @@ def lock_data_dir(data_dir, shared):
 
 
 def hold_for_reading(data_dir):
-    """A run's shared lock on its data; None where no lock file can be opened."""
+    """A run's shared lock on its data, a file to close; none where no lock file can be had."""
     try:
         lock = lock_data_dir(data_dir, shared=True)
     except OSError:
-        return None
+        return contextlib.nullcontext()
     if lock is None:
         raise UserError(f"{data_dir} is being written by prepare_wikipedia.py (it holds "
                         f"{os.path.join(data_dir, DATA_LOCK)}): wait for it to end, or train from "

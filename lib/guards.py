@@ -34,9 +34,7 @@ def launched(config, under_way, as_script=False):
             identity = stamps = None
             with rank0_decides(ddp):
                 if rank == 0:
-                    data_lock = data.hold_for_reading(config["data_dir"])
-                    if data_lock:
-                        undo.callback(data_lock.close)
+                    undo.enter_context(data.hold_for_reading(config["data_dir"]))
                     stamps = data.stamps(config["data_dir"])  # before hashing, which is slow
                     identity = data.check_data(config["data_dir"], config["block_size"],
                                                config["vocab_size"])
@@ -149,18 +147,20 @@ class FolderLock:
 
 
 def claim_out_dir(config):
-    """Make and lock out_dir; a new run refuses one that holds a run, unless overwrite."""
+    """Make and lock out_dir; refuse a run there without its first checkpoint, and a new run
+    where a run is, unless overwrite."""
     out_dir = config["out_dir"]
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
                 if os.path.exists(os.path.join(out_dir, name))]
-    if config["init_from"] == "scratch" and existing:
-        names = ", ".join(existing)
+    names, fresh = ", ".join(existing), config["init_from"] == "scratch"
+    if existing and "ckpt.pt" not in existing and not (fresh and config["overwrite"]):
+        lock.undo()  # nothing to resume from
+        raise UserError(f"{out_dir} holds a run that stopped before its first checkpoint: "
+                        f"start it again with --overwrite=True (deletes {names})")
+    if fresh and existing:
         if not config["overwrite"]:
             lock.undo()
-            if "ckpt.pt" not in existing:  # nothing to resume from
-                raise UserError(f"{out_dir} holds a run that stopped before its first checkpoint: "
-                                f"start it again with --overwrite=True (deletes {names})")
             raise UserError(f"{out_dir} already holds a run ({names}): continue it with "
                             "--init_from=resume, or replace it with --overwrite=True")
         for name in existing:
@@ -176,7 +176,7 @@ def good_state(last_good):
 
 
 def stop_diverged(what, config, last_good):
-    """Raises what went non-finite, the state to resume, and a lower learning rate."""
+    """Raises what went non-finite, with the state to resume and a lower learning rate."""
     lr = min(config["learning_rate"] / 2, 9e-4)  # at most the write-ups' rate
     flags = f"--learning_rate={lr:g}"
     if config["decay_lr"] and config["min_lr"] > lr:
@@ -233,7 +233,7 @@ def check_state(state, config, last_good):
 
 def check_data_unchanged(config, stamps):
     """Stops when the data's sizes or times changed since it was hashed."""
-    if stamps is not None and data.stamps(config["data_dir"]) != stamps:
+    if data.stamps(config["data_dir"]) != stamps:
         raise UserError(f"the data in {config['data_dir']} changed during the run: stopped "
                         "without saving — resume on the first data, or with --new_data=True")
 

@@ -39,7 +39,6 @@ def console_line(record):
 
 
 def start_wandb(config):
-    """Weights & Biases' run if the config asks for one."""
     if not config["wandb_log"]:
         return None
     import wandb
@@ -59,7 +58,7 @@ def start(path, config, model_args, model, world_size, iter_num, data_identity):
 
 
 def evaluation(path, iter_num, losses, best_val_loss, wandb):
-    """An eval record; returns whether val improved on best_val_loss. It is written before the
+    """An eval record; returns whether val improved on best_val_loss. Written before the
     checkpoints: after a kill before they are saved, the resumed launch's records replace it."""
     improved = math.isfinite(losses["train_loss"]) and losses["val_loss"] < best_val_loss
     best = losses["val_loss"] if improved else best_val_loss
@@ -79,7 +78,6 @@ def tokens_per_iter(config):
 
 
 def write(path, record, wandb=None):
-    """Print a record's line, append it to the log, and send its numbers to wandb."""
     try:
         print(console_line(record))
     except BrokenPipeError:  # stdout's reader went away; its SIGPIPE stops the run (guards.py)

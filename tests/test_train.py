@@ -399,7 +399,7 @@ def test_a_failed_resume_leaves_nothing_behind(data_dir, tmp_path, capsys):
     out_dir.mkdir(parents=True)
     (out_dir / "log.jsonl").write_text('{"type": "start"}\n')
     assert train.main(argv_for(data_dir, out_dir, init_from="resume")) == 1
-    assert "stopped before its first one" in last_error(capsys)
+    assert "stopped before its first checkpoint" in last_error(capsys)
     assert os.listdir(out_dir) == ["log.jsonl"]
 
 
