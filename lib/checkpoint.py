@@ -55,8 +55,8 @@ def nonfinite_tensors(state):
 
 
 def save_checkpoint(path, state):
-    """torch.save, atomically; the free space asked for counts a shared storage (the tied
-    embedding and head) once."""
+    """torch.save, atomically; its size counts a shared storage (the tied embedding and head)
+    once."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for _, t in named_tensors(state)}
     write_atomically(path, lambda f: torch.save(state, f), size=sum(storages.values()))

@@ -43,20 +43,23 @@ class StopRequests:
     """Within it, a first stop signal sets .signum, for the script to stop where it can save,
     and is answered at once with plan(). A second raises Stopped, and ends the process within
     exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, the same
-    signal again within 5 s is torchrun's copy of the first."""
+    signal again within 5 s is torchrun's copy of the first. closed_pipe: a SIGPIPE (stdout's
+    reader went away: `python train.py | head`) asks for a stop too, never a second one."""
 
-    def __init__(self, plan=None, passed_on=False, exit_within_s=None):
+    def __init__(self, plan=None, passed_on=False, exit_within_s=None, closed_pipe=False):
         self.signum, self.plan, self.passed_on = None, plan, passed_on
-        self.exit_within_s = exit_within_s
+        self.exit_within_s, self.closed_pipe = exit_within_s, closed_pipe
 
     def __enter__(self):
-        self.previous = {s: signal.signal(s, self.request) for s in STOP_SIGNALS}
+        signals = [*STOP_SIGNALS, signal.SIGPIPE] if self.closed_pipe else STOP_SIGNALS
+        self.previous = {s: signal.signal(s, self.request) for s in signals}
         return self
 
     def request(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signum is not None:
-            if self.passed_on and signum == self.signum and time.monotonic() < self.copies_until:
+            copy = self.passed_on and signum == self.signum and time.monotonic() < self.copies_until
+            if copy or signum == signal.SIGPIPE:
                 return
             if self.exit_within_s is not None:
                 watchdog = threading.Timer(self.exit_within_s, exit_now, args=(128 + signum,))

@@ -60,7 +60,7 @@ def check_data(data_dir, block_size, vocab_size):
                             f"{vocab_size}: set --vocab_size={max_token_id + 1} or more")
     if not meta:
         print(f"note: {data_dir} has no meta.json, so train.bin and val.bin cannot be checked "
-              "against each other (prepare_wikipedia.py writes it last)")
+              "against each other")
     return identity
 
 

@@ -46,15 +46,7 @@ def launched(config, under_way, as_script=False):
 
             stop = undo.enter_context(cli.StopRequests(
                 plan if rank == 0 else None, passed_on=ddp,
-                exit_within_s=10.0 if as_script else None))
-
-            def pipe_closed(signum, frame):  # a stop, unless a signal asked for one already
-                if stop.signum is None:
-                    stop.request(signum, frame)
-
-            # `python train.py | head`: a write to the closed pipe gets a SIGPIPE; log.write
-            # sends what follows to /dev/null
-            undo.callback(signal.signal, signal.SIGPIPE, signal.signal(signal.SIGPIPE, pipe_closed))
+                exit_within_s=10.0 if as_script else None, closed_pipe=True))
             yield rank, world_size, device, identity, stamps, stop
         except BaseException as error:
             out_of_memory = isinstance(error, torch.OutOfMemoryError) or (
@@ -147,8 +139,8 @@ class FolderLock:
 
 
 def claim_out_dir(config):
-    """Make and lock out_dir; refuse a run there without its first checkpoint, and a new run
-    where a run is, unless overwrite."""
+    """Make and lock out_dir; refuse a run that stopped before its first checkpoint, and a new
+    run where a run is, unless overwrite."""
     out_dir = config["out_dir"]
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
@@ -182,13 +174,12 @@ def stop_diverged(what, config, last_good):
     if config["decay_lr"] and config["min_lr"] > lr:
         flags += f" --min_lr={lr:g}"  # min_lr may not exceed learning_rate
     if last_good:
-        where = (f"{config['out_dir']}/ckpt.pt ({good_state(last_good)}) holds the last good "
-                 f"state; resume it with a lower learning rate: the same command with "
-                 f"--init_from=resume {flags}")
+        where = f"{config['out_dir']}/ckpt.pt ({good_state(last_good)}) holds the last good state"
+        go_on, flags = "resume it", f"--init_from=resume {flags}"
     else:
-        where = ("no state was saved; start again with a lower learning rate: the same command "
-                 f"with --overwrite=True {flags}")
-    raise UserError(f"{what}: stopped, nothing non-finite was saved; {where}")
+        where, go_on, flags = "no state was saved", "start again", f"--overwrite=True {flags}"
+    raise UserError(f"{what}: stopped, nothing non-finite was saved; {where}; {go_on} with a "
+                    f"lower learning rate: the same command with {flags}")
 
 
 def check_step(iteration, step, fp16, config, last_good):

@@ -80,7 +80,7 @@ def tokens_per_iter(config):
 def write(path, record, wandb=None):
     try:
         print(console_line(record))
-    except BrokenPipeError:  # stdout's reader went away; its SIGPIPE stops the run (guards.py)
+    except BrokenPipeError:  # stdout's reader went away: its SIGPIPE stops the run, as a signal
         to_devnull(sys.stdout)
     append(path, record)
     if wandb and record["type"] in ("train", "eval"):

@@ -75,6 +75,18 @@ def test_a_second_signal_ends_the_process_even_when_its_teardown_hangs():
         subprocess.run([sys.executable, "-c", HANGS_IN_TEARDOWN], cwd=REPO, capture_output=True, timeout=3)
 
 
+def test_a_closed_pipe_asks_for_a_stop_and_never_for_a_second_one():
+    with cli.StopRequests(closed_pipe=True) as stop:
+        os.kill(os.getpid(), signal.SIGPIPE)  # a write to a pipe whose reader went away
+        assert stop.signum == signal.SIGPIPE
+        os.kill(os.getpid(), signal.SIGPIPE)  # the next write: no Stopped raised
+    with cli.StopRequests(closed_pipe=True) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGPIPE)  # `... | head` ended by the same signal
+        assert stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN  # Python's own again
+
+
 def test_a_read_only_folder_is_one_line(tmp_path):
     def refuse(f):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
