@@ -43,8 +43,8 @@ def named_tensors(value, name=""):
 
 
 def nonfinite_tensors(state):
-    """The names (model/..., optimizer/...) of the tensors that hold a NaN or an infinity, in
-    one read from each device."""
+    """The names (model/..., optimizer/...) of tensors holding a NaN or an infinity, in one
+    read per device."""
     named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
     finite = {}  # by device: AdamW's step counts stay on the CPU
     for _, t in named:
@@ -55,8 +55,8 @@ def nonfinite_tensors(state):
 
 
 def save_checkpoint(path, state):
-    """torch.save, atomically; its size counts a shared storage (the tied embedding and head)
-    once."""
+    """torch.save, atomically; the size given counts a shared storage (the tied embedding and
+    head) once."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for _, t in named_tensors(state)}
     write_atomically(path, lambda f: torch.save(state, f), size=sum(storages.values()))
@@ -79,8 +79,6 @@ def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
                         f"{', '.join(missing)}")
     if state["format"] != FORMAT:
         raise UserError(f"{path} has format {state['format']!r}; this train.py reads {FORMAT!r}")
-    if state["model_type"] not in settings.MODELS:
-        raise UserError(f"{path} holds an unknown model_type {state['model_type']!r}")
     return state
 
 
@@ -101,7 +99,7 @@ def model_from_checkpoint(saved):
     try:
         model = settings.build_model(saved["model_type"], saved["model_args"])
         model.load_state_dict(saved["model"])
-    except (TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # KeyError: an unknown model
         why = str(e).splitlines()[0]
         raise UserError(f"the checkpoint does not fit model_{saved['model_type']}: {why}") from None
     return model
@@ -142,8 +140,8 @@ def nothing_to_train(saved, config):
 
 
 def check_data_identity(saved, identity, new_data, out_dir):
-    """A resume on other data needs new_data; a new val.bin then starts best.pt afresh (val
-    losses compare on the same data only), the old one renamed."""
+    """A resume on other data needs new_data; a new val.bin starts best.pt afresh (val losses
+    compare on the same data only) and keeps the old one."""
     recorded = saved.get("data")
     if recorded is None:  # older files did not record it
         return

@@ -42,9 +42,9 @@ class Stopped(BaseException):
 class StopRequests:
     """Within it, a first stop signal sets .signum, for the script to stop where it can save,
     and is answered at once with plan(). A second raises Stopped, and ends the process within
-    exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, the same
-    signal again within 5 s is torchrun's copy of the first. closed_pipe: a SIGPIPE (stdout's
-    reader went away: `python train.py | head`) asks for a stop too, never a second one."""
+    exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, the same signal
+    within 5 s is torchrun's copy. closed_pipe: a SIGPIPE (`python train.py | head`, once head
+    exits) asks for a stop too, never a second one."""
 
     def __init__(self, plan=None, passed_on=False, exit_within_s=None, closed_pipe=False):
         self.signum, self.plan, self.passed_on = None, plan, passed_on
@@ -81,7 +81,7 @@ class StopRequests:
 
 
 def exit_now(status):
-    """Ends the process with status at once, with what it printed flushed."""
+    """Ends the process at once, with what it printed flushed."""
     for stream in (sys.stdout, sys.stderr):
         with suppress(Exception):
             stream.flush()
@@ -113,8 +113,7 @@ def raise_stopped(signum, frame):
 
 
 def main(entry):
-    """Wraps a script's entry(argv) to return its exit status; the stop signals unwind as Ctrl-C
-    does."""
+    """Wraps a script's entry(argv) to return its exit status."""
 
     @functools.wraps(entry)
     def wrapped(argv=None):
@@ -143,18 +142,16 @@ def main(entry):
     return wrapped
 
 
-# writing files
-
 ADVICE = {  # what to do when a write fails, by errno
-    errno.ENOSPC: "free some space on that disk, or write to another one",
+    errno.ENOSPC: "free some space, or write to another disk",
     errno.EACCES: "check the folder's permissions, or write elsewhere",
     errno.EROFS: "the file system is read-only: write elsewhere",
 }
 
 
 def write_atomically(path, write, size=0):
-    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size, what
-    write() writes, tells a full disk from torch.save's RuntimeError."""
+    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size: what
+    write() writes (see write_problem)."""
     tmp_path = path + ".tmp"
     try:
         with open(tmp_path, "wb") as f:

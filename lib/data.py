@@ -18,7 +18,7 @@ DEFAULT_DATA_DIR = "data/wikipedia"  # where prepare_wikipedia.py writes by defa
 PREPARE_COMMANDS = {"data/wikipedia": "python prepare_wikipedia.py",
                     "data/wikitext103": "python prepare_wikipedia.py --dataset wikitext103",
                     "data/wikitext2": "python prepare_wikipedia.py --dataset wikitext2"}
-DATA_LOCK = "data.lock"  # in a data folder: see lock_data_dir()
+DATA_LOCK = "data.lock"
 
 
 def check_data(data_dir, block_size, vocab_size):
@@ -101,15 +101,14 @@ def lock_data_dir(data_dir, shared):
 
 
 def hold_for_reading(data_dir):
-    """A run's shared lock on its data, a file to close; none where no lock file can be had."""
+    """A run's shared lock on its data, a file to close; none if no lock file can be had."""
     try:
         lock = lock_data_dir(data_dir, shared=True)
     except OSError:
         return contextlib.nullcontext()
     if lock is None:
-        raise UserError(f"{data_dir} is being written by prepare_wikipedia.py (it holds "
-                        f"{os.path.join(data_dir, DATA_LOCK)}): wait for it to end, or train from "
-                        "another --data_dir")
+        raise UserError(f"{data_dir} is being written by prepare_wikipedia.py: wait for it to "
+                        "end, or train from another --data_dir")
     return lock
 
 

@@ -23,8 +23,7 @@ DIVERGED_NATS = 1.0  # an evaluation this far above the best is no state worth r
 @contextlib.contextmanager
 def launched(config, under_way, as_script=False):
     """Joins the process group; rank 0 locks and checks the data and claims out_dir; a signal
-    then waits for what under_way() names. Yields (rank, world_size, device, data identity,
-    stamps, stop)."""
+    then waits for under_way(). Yields (rank, world_size, device, identity, stamps, stop)."""
     rank, world_size, device = setup_distributed(config)
     ddp, out_lock = world_size > 1, None
     with contextlib.ExitStack() as undo:
@@ -59,9 +58,8 @@ def launched(config, under_way, as_script=False):
                         os.remove(os.path.join(config["out_dir"], "log.jsonl"))
                 out_lock.undo()
             if out_of_memory:
-                where = "the GPU" if device.startswith("cuda") else "this machine"
                 raise UserError(f"out of memory: {config['batch_size']} sequences of "
-                                f"{config['block_size']} tokens do not fit in {where}; lower "
+                                f"{config['block_size']} tokens do not fit on {device}; lower "
                                 "--batch_size or --block_size") from None
             raise
 
@@ -83,7 +81,7 @@ def setup_distributed(config):
 
 @contextlib.contextmanager
 def rank0_decides(ddp):
-    """The UserError rank 0 meets within it is every process's: all stop together."""
+    """A UserError rank 0 meets within it stops every process."""
     problem = None
     try:
         yield
@@ -98,8 +96,8 @@ def rank0_decides(ddp):
 
 
 class FolderLock:
-    """An flock on folder/name, a file naming the holder, released by the kernel when the
-    process ends, however it ends. undo() also removes the file and folders it made, if empty."""
+    """An flock on folder/name, a file naming the holder, which the kernel releases however the
+    process ends. undo() also removes the file and the empty folders it made."""
 
     def __init__(self, folder, name, program, option):
         self.path = os.path.join(folder, name)
@@ -139,8 +137,8 @@ class FolderLock:
 
 
 def claim_out_dir(config):
-    """Make and lock out_dir; refuse a run that stopped before its first checkpoint, and a new
-    run where a run is, unless overwrite."""
+    """Make and lock out_dir; refuse a run stopped before its first checkpoint, and a new run
+    over a run unless overwrite."""
     out_dir = config["out_dir"]
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
@@ -183,9 +181,9 @@ def stop_diverged(what, config, last_good):
 
 
 def check_step(iteration, step, fp16, config, last_good):
-    """Stops before a non-finite loss or gradient changes the weights (under fp16, the gradient
-    scaler skips such a step itself)."""
-    values = [("loss", step["loss"]), *log.flat(step["aux"], "")]
+    """Stops before a non-finite loss or gradient changes the weights (under fp16 the gradient
+    scaler skips such a step)."""
+    values = [("loss", step["loss"]), *log.flat(step["aux"])]
     if not fp16:
         values.append(("gradient norm", step["grad_norm"]))
     bad = [name for name, value in values if not math.isfinite(value)]
@@ -231,16 +229,15 @@ def check_data_unchanged(config, stamps):
 
 def stop_requested(stop, ddp, device):
     """The stop signal any process got, agreed by all."""
-    signum = stop.signum
-    if ddp:
-        flag = torch.tensor([signum or 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        signum = flag.item() or None
-    return signum
+    if not ddp:
+        return stop.signum
+    flag = torch.tensor([stop.signum or 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() or None
 
 
 def stopped(signum, iter_num, config, last_good, diverging, master):
-    """The cli.Stopped to raise once saved, saying what ckpt.pt holds and how to go on."""
+    """The cli.Stopped to raise once saved: what ckpt.pt holds, and how to go on."""
     saved = f"saved {config['out_dir']}/ckpt.pt"
     if diverging:
         saved = f"{config['out_dir']}/ckpt.pt keeps {good_state(last_good)}, the last good state"

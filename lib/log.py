@@ -59,7 +59,7 @@ def start(path, config, model_args, model, world_size, iter_num, data_identity):
 
 def evaluation(path, iter_num, losses, best_val_loss, wandb):
     """An eval record; returns whether val improved on best_val_loss. Written before the
-    checkpoints: after a kill before they are saved, the resumed launch's records replace it."""
+    checkpoints: if they are never saved, the resumed launch's records replace it."""
     improved = math.isfinite(losses["train_loss"]) and losses["val_loss"] < best_val_loss
     best = losses["val_loss"] if improved else best_val_loss
     record = dict(type="eval", iter=iter_num, **losses, best_val_loss=best, best=improved)
@@ -80,7 +80,7 @@ def tokens_per_iter(config):
 def write(path, record, wandb=None):
     try:
         print(console_line(record))
-    except BrokenPipeError:  # stdout's reader went away: its SIGPIPE stops the run, as a signal
+    except BrokenPipeError:  # stdout's reader went away: its SIGPIPE stops the run
         to_devnull(sys.stdout)
     append(path, record)
     if wandb and record["type"] in ("train", "eval"):
@@ -88,9 +88,9 @@ def write(path, record, wandb=None):
 
 
 def append(path, record):
-    """Append a record and the time as strict JSON: a non-finite number becomes null, its name
-    listed under "nonfinite" (e.g. "aux/future_attn_loss_per_layer/2", the second layer's)."""
-    nonfinite = [name for name, value in flat(record, "") if not math.isfinite(value)]
+    """Append a record and the time as strict JSON: a non-finite number becomes null, named
+    under "nonfinite" (e.g. "val_loss")."""
+    nonfinite = [name for name, value in flat(record) if not math.isfinite(value)]
     record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN → null
     record["time"] = time.time()
     if nonfinite:
@@ -111,7 +111,7 @@ def end_line(path):
                 f.write(b"\n")
 
 
-def flat(value, name):
+def flat(value, name=""):
     """(name/key/..., number) for each number in nested dicts and lists (items from 1)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         yield name, value

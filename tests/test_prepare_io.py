@@ -18,9 +18,8 @@ def test_writing_turns_a_failed_write_into_one_line(tmp_path):
     with pytest.raises(UserError) as e:
         with prepare_io.writing(target, after_failure="no output written under the final names"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target + ".tmp")
-    assert str(e.value) == (f"cannot write {target}.tmp: no space left on device; free some space "
-                            "on that disk, or write to another one; no output written under the "
-                            "final names")
+    assert str(e.value) == (f"cannot write {target}.tmp: no space left on device; free some space, "
+                            "or write to another disk; no output written under the final names")
     with prepare_io.writing(target):  # nothing failed: nothing said
         pass
 

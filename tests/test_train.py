@@ -275,7 +275,7 @@ def test_a_data_dir_being_prepared_is_refused(data_dir, tmp_path, capsys):
     with open(f"{ours}/data.lock", "a+") as preparing:  # as prepare_wikipedia.py holds it while it writes
         fcntl.flock(preparing, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert train.main(argv_for(ours, tmp_path / "out", max_iters=2)) == 1
-    assert last_error(capsys) == (f"error: {ours} is being written by prepare_wikipedia.py (it holds {ours}/data.lock): "
+    assert last_error(capsys) == (f"error: {ours} is being written by prepare_wikipedia.py: "
                                   "wait for it to end, or train from another --data_dir\n")
     assert not (tmp_path / "out").exists()
 
@@ -473,7 +473,7 @@ def test_out_of_memory_is_one_line_and_leaves_no_out_dir(data_dir, tmp_path, mon
     out_dir = tmp_path / "run"
     assert train.main(argv_for(data_dir, out_dir, max_iters=3)) == 1
     err = last_error(capsys)
-    assert err == ("error: out of memory: 4 sequences of 16 tokens do not fit in this machine; lower "
+    assert err == ("error: out of memory: 4 sequences of 16 tokens do not fit on cpu; lower "
                    "--batch_size or --block_size\n")
     assert not out_dir.exists()
     monkeypatch.setattr(module.GPT, "forward", forward)
