@@ -82,14 +82,14 @@ BENCH_DEFAULTS = dict(
 )
 # The modes: at most one per run.
 MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal")
-# A bare --compare means --compare=True, a bare --profile 5 steps.
-SWITCHES = dict(compare=True, explain=True, profile=5, memory=True)
+PROFILE_STEPS = 5  # what a bare --profile traces
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
 def parse_args(argv):
     """(bench settings, [(label, train config, impl)]) from `[config.py ...] [--key=value ...]`."""
-    argv = configurator.normalize(argv, SWITCHES)
+    argv = [f"--profile={PROFILE_STEPS}" if arg == "--profile" else arg
+            for arg in configurator.normalize(argv)]
     paths = [a for a in argv if not a.startswith("--")]
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
@@ -119,8 +119,6 @@ def parse_args(argv):
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise configurator.ConfigError("impl=flex needs --device=cuda: "
                                            "FlexAttention has no backward on a CPU")
-        if "compile" not in overrides and not config["device"].startswith("cuda"):
-            config["compile"] = False  # compiling takes minutes on a CPU; --compile=True to try
         label = os.path.basename(path)[:-3] if path else config["model_type"]
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
@@ -154,7 +152,7 @@ def build(label, config, impl, micro_steps=None):
     is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
     device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps'
-    dtype, autocast = settings.autocast_for(config["dtype"], device_type)
+    dtype, autocast = machine.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
     model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
     if config["model_type"] == "future_attn":

@@ -102,7 +102,6 @@ MODEL_DEFAULTS = dict(
 )
 # as --full_size: a forward and a backward per position at the model's own size
 MODEL_DEFAULTS["positions"] = 16
-SWITCHES = dict(full_size=True, probe=True, keep_weights=True)  # `--probe` alone means --probe=True
 # the fields in which models say their length T
 LENGTH_NAMES = ("n_positions", "max_position_embeddings", "block_size", "max_seq_len")
 DEFAULT_LENGTH = 64  # T of a model that gives none (ALiBi, rotary, a convolution, a mixer)
@@ -125,7 +124,7 @@ PROBE_Z = 6.0  # standard errors above chance that count as "above chance"
 def parse_args(argv):
     """(checker settings, the config file's train config, the same with the flags applied,
     the keys the flags set) from `CONFIG [--key=value ...]`."""
-    argv = configurator.normalize(argv, SWITCHES)
+    argv = configurator.normalize(argv)
     paths = [a for a in argv if not a.startswith("--")]
     if len(paths) != 1:
         raise ConfigError("give one config file, e.g. "
@@ -875,7 +874,7 @@ def probe_factory(spec, factory, options, log=print):
 
 def parse_model_args(argv):
     """The settings of `--model=MODULE:FACTORY[,...] [--key=value ...]`."""
-    argv = configurator.normalize(argv, SWITCHES)
+    argv = configurator.normalize(argv)
     files = [a for a in argv if not a.startswith("--")]
     if files:
         raise ConfigError(f"--model checks the model its factory builds: give no config file "
@@ -983,7 +982,7 @@ def main(argv):
               + "\n\nwith --model=MODULE:FACTORY instead of a config file, these keys:\n"
               + model_keys)
         return 0
-    if any(arg.startswith("--model=") for arg in configurator.normalize(argv, SWITCHES)):
+    if any(arg.startswith("--model=") for arg in configurator.normalize(argv)):
         return check_models(argv)
     options, original, config, user_keys = parse_args(argv)
     model_args, probe_args = plan(options, original, config, user_keys)
@@ -992,7 +991,7 @@ def main(argv):
     if not options["full_size"]:
         torch.set_num_threads(1)  # tensors this small keep one core busy; more threads only wait
     model_type = config["model_type"]
-    path = next(a for a in configurator.normalize(argv, SWITCHES) if not a.startswith("--"))
+    path = next(a for a in configurator.normalize(argv) if not a.startswith("--"))
     print(f"{path}: {model_type}")
     if options["full_size"]:
         print(f"checked at the config's own sizes{': ' + changes if changes else ''}")

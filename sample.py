@@ -27,7 +27,7 @@ import configurator
 from lib import cli, machine
 from lib.checkpoint import load_checkpoint, model_from_checkpoint
 from lib.cli import ConfigError, UserError
-from lib.settings import autocast_for
+from lib.machine import autocast_for
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from

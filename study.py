@@ -135,8 +135,7 @@ def parse_args(argv):
                         help="seconds between progress lines (default %(default)s)")
     # train.py's flags may be written `--key value` too: joined into `--key=value`, they pass
     # through whole
-    own = [option for action in parser._actions for option in action.option_strings]
-    args, rest = parser.parse_known_args(configurator.normalize(argv, keep=own))
+    args, rest = parser.parse_known_args(configurator.normalize(argv))
     # argparse leaves config paths that follow a --key=value among the unknown arguments
     args.configs += [arg for arg in rest if not arg.startswith("--")]
     args.flags = [arg for arg in rest if arg.startswith("--")]

@@ -1,7 +1,7 @@
 """
 Trains one of the three models (baseline, future attention, auto-regressive encoder-decoder) on
-the token files of prepare_wikipedia.py. DEFAULTS are the write-ups' training settings, the model's
-own are its GPTConfig's; a config file and --key=value flags change any of them.
+the token files of prepare_wikipedia.py. DEFAULTS are the write-ups' training settings, the
+model's are its GPTConfig's; a config file and --key=value flags change any of them.
 
     python train.py config/tiny_cpu.py                         # a CPU, a few minutes
     python train.py config/future50_mse.py                     # one GPU: compile + bf16
@@ -9,8 +9,8 @@ own are its GPTConfig's; a config file and --key=value flags change any of them.
     python train.py config/tiny_cpu.py --help                  # every key with its value
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs
 
-Rank 0 logs (lib/log.py) and saves ckpt.pt at every evaluation, best.pt when val improved
-(lib/checkpoint.py). Ctrl-C stops after the step, state saved. Checks: lib/guards.py.
+Rank 0 logs, and saves ckpt.pt at every evaluation and best.pt when val improved. Ctrl-C stops
+after the step, its state saved.
 """
 
 import itertools
@@ -23,6 +23,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
@@ -64,7 +65,7 @@ DEFAULTS = dict(
     # system
     device="cuda" if torch.cuda.is_available() else "cpu",  # 'cpu', 'cuda', 'cuda:1', ..., 'mps'
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto: bf16 (or fp16) on CUDA, fp32 on CPU
-    compile=True,  # torch.compile the model (False on a CPU: compiling takes minutes there)
+    compile=True,  # torch.compile the model; on a CPU or MPS only when asked (slow to compile)
     backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
     seed=1337,
 )
@@ -72,7 +73,7 @@ EVAL_SEED_OFFSET = 1_000_000  # eval batches use seed + this, a seed no rank tra
 
 
 def get_config(argv, script_keys=(), check_model=False):
-    """The checked config of `[config_file.py ...] [--key=value ...]` over DEFAULTS."""
+    """The checked config of `[config_file.py ...] [--key=value ...]` (lib/settings.py)."""
     return settings.get_config(DEFAULTS, argv, script_keys, check_model)
 
 
@@ -134,11 +135,11 @@ def estimate_loss(model, config, device, autocast):
 
 
 def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimizer, grad_clip):
-    """The gradients of one step over accum_steps micro-batches, unscaled (fp16) and clipped at
-    grad_clip if > 0. Returns the means over micro-steps and processes of cross_entropy, aux,
-    loss (cross-entropy plus weighted aux losses: what the gradients come from) and grad_norm."""
+    """One step's gradients over accum_steps micro-batches, unscaled (fp16), clipped at grad_clip
+    if > 0. Returns the means over micro-steps and processes of loss (what the gradients come
+    from: the cross-entropy plus the weighted aux losses), cross_entropy, grad_norm and aux."""
     X, Y = next(batches)
-    totals = 0  # the sums of [loss, cross-entropy, *aux], on the device
+    sums = {}  # loss, cross_entropy and each aux loss, summed over the micro-steps on the device
     for micro_step in range(accum_steps):
         last = micro_step == accum_steps - 1
         # DDP averages the gradients over the processes in the last backward only
@@ -146,31 +147,32 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimiz
             with autocast:
                 logits, loss, aux = model(X, Y)
             with torch.no_grad():  # the cross-entropy alone, as the evaluations measure it
-                flat_logits = logits.view(-1, logits.size(-1)).float()
-                cross_entropy = torch.nn.functional.cross_entropy(flat_logits, Y.view(-1))
-            del logits, flat_logits  # not kept alive through the next forward
+                cross_entropy = F.cross_entropy(logits.flatten(0, 1).float(), Y.flatten())
+            del logits  # not kept alive through the next forward
             if not last:
                 X, Y = next(batches)  # fetch while the GPU computes
             # divided, the summed gradients are those of the mean loss
             scaler.scale(loss / accum_steps).backward()
-        values = [loss, cross_entropy, *aux.values()]
-        totals = totals + torch.cat([v.detach().float().view(-1) for v in values])
+        for name, value in dict(loss=loss, cross_entropy=cross_entropy, **aux).items():
+            sums[name] = sums.get(name, 0) + value.detach().float()
+    means = {name: total / accum_steps for name, total in sums.items()}
     scaler.unscale_(optimizer)  # the true gradients, not fp16's scaled ones
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        means["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    means = torch.cat([totals / accum_steps, grad_norm.detach().float().view(1)])
+        means["grad_norm"] = torch.nn.utils.get_total_norm([p.grad for p in params])
+    flat = torch.cat([value.float().view(-1) for value in means.values()])
     if ddp:  # every rank then sees the same numbers
-        dist.all_reduce(means)
-        means /= dist.get_world_size()
-    parts = means.cpu().split([*(v.numel() for v in values), 1])  # the one sync per step
-    numbers = [part.item() if v.dim() == 0 else part.tolist()
-               for part, v in zip(parts, [*values, grad_norm])]
-    loss, cross_entropy, *aux_values, grad_norm = numbers
-    return dict(cross_entropy=cross_entropy, aux=dict(zip(aux, aux_values)), loss=loss,
-                grad_norm=grad_norm)
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+    flat = flat.tolist()  # the one sync per step
+    numbers = {}
+    for name, value in means.items():  # a per-layer loss stays a list
+        numbers[name] = flat[:value.numel()] if value.dim() else flat[0]
+        del flat[:value.numel()]
+    numbers["aux"] = {name: numbers.pop(name) for name in aux}
+    return numbers
 
 
 # --------------------------------------------------------------------------------------
@@ -183,8 +185,9 @@ def eval_due(iter_num, last_eval_iter, config):
     return at_eval and last_eval_iter != iter_num
 
 
-def build(config, model_args, device, rank, world_size):
-    """The model (raw; compiled, in DDP), AdamW, the fp16 scaler and the batches' generator."""
+def build(config, model_args, device, rank, world_size, saved):
+    """The model (raw; compiled, in DDP), AdamW, the fp16 scaler and the batches' generator, as
+    ckpt.pt saved them when resuming."""
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own
         seed(config["seed"] + rank)
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
@@ -195,6 +198,8 @@ def build(config, model_args, device, rank, world_size):
     optimizer = raw_model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                                (config["beta1"], config["beta2"]), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")
+    if saved:
+        checkpoint.restore(saved, raw_model, optimizer, scaler, batch_generator, rank)
     model = torch.compile(raw_model) if config["compile"] else raw_model
     if world_size > 1:
         # an encdec model without embedding loss keeps a LayerNorm that gets no gradient
@@ -206,13 +211,12 @@ def build(config, model_args, device, rank, world_size):
 
 def train(config, as_script=False):
     """Trains as config says (in each process under torchrun); returns the model, iter_num and
-    best_val_loss. A stop signal ends it after the step, state saved (cli.Stopped)."""
+    best_val_loss. A stop signal ends it after the step, its state saved (cli.Stopped)."""
     under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
     with guards.launched(config, lambda: under_way, as_script) as launch:
         rank, world_size, device, data_identity, data_stamps, stop = launch
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-        device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps': autocast's and AdamW's
-        dtype, autocast = settings.autocast_for(config["dtype"], device_type)
+        dtype, autocast = machine.autocast_for(config["dtype"], torch.device(device).type)
         config = dict(config, dtype=dtype)  # logged and saved as resolved
         model_args, max_iters = settings.model_args_of(config), config["max_iters"]
         ckpt_path, best_path, log_path = (os.path.join(config["out_dir"], name)
@@ -227,25 +231,22 @@ def train(config, as_script=False):
             if saved and master:
                 checkpoint.check_resumed_data(saved, config, data_identity, ckpt_path)
         if saved and checkpoint.nothing_to_train(saved, config):
-            model = checkpoint.model_from_checkpoint(saved).to(device)
-            return dict(model=model, iter_num=saved["iter_num"],
-                        best_val_loss=saved["best_val_loss"])
+            return dict(model=checkpoint.model_from_checkpoint(saved).to(device),
+                        iter_num=saved["iter_num"], best_val_loss=saved["best_val_loss"])
 
         raw_model, model, optimizer, scaler, batch_generator = build(config, model_args, device,
-                                                                     rank, world_size)
+                                                                     rank, world_size, saved)
         batches = (get_batch(config["data_dir"], "train", batch_generator, config["batch_size"],
                              config["block_size"], device) for _ in itertools.count())
         eval_model = model.module if ddp else model  # rank 0 evaluates alone, outside DDP
 
-        # the run's state: what the loop reads and changes
-        iter_num, best_val_loss, first_val_loss, last_eval_iter = 0, float("inf"), None, None
-        last_good = None  # (iteration, val loss) of the ckpt.pt a resume can go on from
+        # the run's state: what the loop reads and changes, a resumed run's from ckpt.pt
+        resumed = saved or {}
+        iter_num, last_eval_iter = resumed.get("iter_num", 0), resumed.get("last_eval_iter")
+        best_val_loss = resumed.get("best_val_loss", math.inf)
+        first_val_loss = resumed.get("first_val_loss")  # the first evaluation's val loss
+        last_good = (iter_num, None) if saved else None  # (iteration, val loss) in ckpt.pt
         diverging = False  # the last evaluation was too far above the best to be saved
-        if saved:
-            checkpoint.restore(saved, raw_model, optimizer, scaler, batch_generator, rank)
-            iter_num, best_val_loss = saved["iter_num"], saved["best_val_loss"]
-            last_eval_iter, first_val_loss = saved["last_eval_iter"], saved.get("first_val_loss")
-            last_good = (iter_num, None)
         accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
         wandb = peak_flops = None
         if master:  # wandb first: it may fail, and nothing is logged yet
@@ -276,7 +277,6 @@ def train(config, as_script=False):
                 raise guards.stopped(signum, iter_num, config, last_good, diverging, master)
 
         under_way = upcoming()
-        t_last, timed_iters = time.time(), 0
         while True:
             if eval_due(iter_num, last_eval_iter, config):
                 rng = checkpoint.rng_states(batch_generator, world_size)
@@ -297,11 +297,11 @@ def train(config, as_script=False):
                         if not diverging:  # else ckpt.pt keeps the last good state
                             checkpoint.save_checkpoint(ckpt_path, full)
                             last_good = (iter_num, val_loss)
-                t_last, timed_iters = time.time(), 0  # timings leave out evaluation
                 if iter_num < max_iters:
                     stop_if_requested()
             if iter_num >= max_iters:
                 break
+            t0 = time.time()
             lr = get_lr(iter_num, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -312,10 +312,8 @@ def train(config, as_script=False):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
-            timed_iters += 1
             if master and iter_num % config["log_interval"] == 0:
-                dt = (time.time() - t_last) / timed_iters
-                t_last, timed_iters = time.time(), 0
+                dt = time.time() - t0  # this step's seconds, as nanoGPT times them
                 sequences = config["batch_size"] * accum_steps  # this process's
                 mfu = peak_flops and raw_model.estimate_mfu(sequences, dt, peak_flops)
                 log.step(log_path, iter_num, step, lr, dt, config, mfu, wandb)
@@ -339,7 +337,7 @@ def evaluate_only(config, saved, device, autocast):
 @cli.main
 def main(argv):
     if configurator.wants_help(argv):  # with the values the rest of argv gives
-        print(configurator.usage(__doc__, get_config(configurator.without_help(argv))))
+        print(configurator.usage(__doc__, get_config(argv)))
         return 0
     train(get_config(argv, check_model=True), as_script=__name__ == "__main__")
     return 0

@@ -1,32 +1,32 @@
 """
-The machine a run meets: the device and dtype a setting names must exist; a GPU's peak FLOP/s
-for model FLOPs utilization (MFU); and a run sized for a GPU on a CPU, said at once.
+The machine a run meets: the device and dtype a setting names must exist, the precision a dtype
+chooses, a GPU's peak FLOP/s for model FLOPs utilization (MFU), and a run sized for a GPU on a
+CPU, said at once.
 """
 
 import functools
 import warnings
+from contextlib import nullcontext
 
 import torch
 
 from lib.cli import ConfigError
 
-# dense bf16 tensor-core FLOP/s (without 2:4 sparsity) for MFU, by a part of the name that
-# torch.cuda.get_device_name reports, any case; the first match wins, so variants come first
+# dense bf16 FLOP/s by a part of torch.cuda.get_device_name (any case); the first match wins,
+# so the variants come before their family
 PEAK_FLOPS = (
     ("H100 NVL", 835e12),
     ("H100 PCIe", 756e12),
     ("H100", 989.4e12),  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
     ("H200 NVL", 835e12),
-    ("H200", 989.4e12),  # also matches GH200, the same Hopper GPU
+    ("H200", 989.4e12),  # also GH200, the same GPU
     ("A100", 312e12),  # SXM and PCIe alike
 )
-# auto = bf16 (else fp16) on CUDA, fp32 on a CPU, fp32 on MPS unless bf16 autocast works there
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_device(device, dtype="auto"):
-    """'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU), and the GPU must exist; dtype one
-    of DTYPES."""
+    """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU) and exist."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
@@ -49,21 +49,22 @@ def check_device(device, dtype="auto"):
         raise ConfigError(f"device={device!r} but this machine has {count} GPU(s)")
 
 
-def auto_dtype(device_type):
-    """What dtype='auto' means on a device: bf16 (fp16 where unsupported) on CUDA, fp32 on a
-    CPU, and on MPS bf16 where its autocast works there, else fp32."""
-    if device_type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if device_type == "mps" and mps_bf16_autocast_works():
-        return "bfloat16"
-    return "float32"
+def autocast_for(dtype, device_type):
+    """(dtype, autocast context). 'auto' is bf16 on CUDA (fp16 where unsupported) and on MPS
+    where its autocast works, else fp32."""
+    if dtype == "auto" and device_type == "cuda":
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif dtype == "auto":
+        dtype = "bfloat16" if device_type == "mps" and mps_bf16_autocast_works() else "float32"
+    if dtype == "float32":
+        return dtype, nullcontext()
+    return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))
 
 
 @functools.cache
 def mps_bf16_autocast_works():
-    """Does a matmul under bf16 autocast run in bf16 on the Apple GPU? torch has no query for it
-    (bf16 on MPS needs macOS 14), so we try one; autocast turns itself off with a warning where
-    a dtype is not supported, and that warning counts as a no."""
+    """torch cannot tell whether bf16 autocast works on MPS (it needs macOS 14), so we try a
+    matmul; autocast warns and turns itself off where it does not, and the warning is a no."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -86,16 +87,12 @@ def peak_flops(device):
 
 
 def speed_notes(config, device, flops_per_token):
-    """A CUDA GPU's peak FLOP/s for MFU (None elsewhere), and on a CPU what a run sized for a GPU
-    costs, said at once: compiling and the first evaluation take minutes there."""
+    """A CUDA GPU's peak FLOP/s for MFU (None elsewhere); on a CPU, a note on what a run sized
+    for a GPU costs, before its first evaluation takes minutes."""
     if device.startswith("cuda"):
         return peak_flops(device)
-    if device != "cpu":
-        return None  # Apple's MPS: no peak to compare with
     tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-    if flops_per_token * tokens > 1e12:
+    if device == "cpu" and flops_per_token * tokens > 1e12:
         print(f"note: one optimizer step is {flops_per_token * tokens / 1e12:,.0f} TFLOP, sized "
               "for a GPU: minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
-    if config["compile"]:
-        print("note: compile=True on a CPU: compiling takes minutes there; --compile=False skips")
     return None

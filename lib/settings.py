@@ -1,15 +1,12 @@
 """
-train.py's settings: the models and their fields (each GPTConfig's), the one check of a config,
-and the precision a dtype chooses.
+train.py's settings: the models and their fields (each GPTConfig's), and the one check of a
+config.
 """
 
 import dataclasses
 import importlib.util
 import json
 import os
-from contextlib import nullcontext
-
-import torch
 
 import configurator
 import model_baseline
@@ -19,7 +16,6 @@ from lib import machine
 from lib.cli import ConfigError
 
 MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
-
 
 # what the settings must be: (keys, test, the rule as a message says it)
 RULES = [
@@ -34,20 +30,24 @@ RULES = [
 
 
 def get_config(defaults, argv, script_keys=(), check_model=False):
-    """The checked config of argv over defaults and the model's fields; script_keys: the
+    """The checked config of argv over defaults and the model's fields; script_keys are the
     caller's own keys."""
     files, overrides = configurator.parse(argv)
     # the keys depend on the model, so model_type comes first: flag, else file, else default
     model_type = files.get("model_type", defaults["model_type"])
     if "model_type" in overrides:
-        model_type = configurator.read_flag("model_type", overrides["model_type"], "")
+        model_type = configurator.read_flag(overrides["model_type"], "")
     config = configurator.merge(with_model_fields(defaults, model_type), files, overrides,
                                 script_keys)
-    paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
-    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
-    check(config, world_size, check_model, files=paths)
-    if torch.device(config["device"]).type == "mps" and "compile" not in {**files, **overrides}:
-        config["compile"] = False  # torch.compile on MPS is young: used when asked, not by default
+    check(config, world_size=int(os.environ.get("WORLD_SIZE", 1)))  # torchrun sets WORLD_SIZE
+    if check_model:
+        try:
+            model_args_of(config)
+        except ConfigError as e:  # which config file set the other field, if one did
+            paths = [arg for arg in configurator.normalize(argv) if not arg.startswith("-")]
+            raise ConfigError(f"{', '.join(paths)}: {e}" if paths else str(e)) from None
+    if not config["device"].startswith("cuda") and "compile" not in {**files, **overrides}:
+        config["compile"] = False  # slow to compile on a CPU, young on MPS: used when asked
     return config
 
 
@@ -62,7 +62,7 @@ def with_model_fields(defaults, model_type):
     return config
 
 
-def check(config, world_size=1, check_model=False, files=()):
+def check(config, world_size):
     """Refuse, in one ConfigError, settings that would fail mid-run or train on nonsense."""
     problems = [f"{key} must be {rule}, got {config[key]!r}"
                 for keys, ok, rule in RULES for key in keys if not ok(config[key])]
@@ -82,11 +82,6 @@ def check(config, world_size=1, check_model=False, files=()):
     if problems:
         raise ConfigError("; ".join(problems))
     machine.check_device(config["device"], config["dtype"])
-    if check_model:
-        try:
-            model_args_of(config)
-        except ConfigError as e:
-            raise ConfigError(f"{', '.join(files)}: {e}" if files else str(e)) from None
 
 
 def model_args_of(config):
@@ -112,12 +107,3 @@ def build_model(model_type, model_args):
     """A fresh GPT of model_<model_type>.py with these GPTConfig fields."""
     module = MODELS[model_type]
     return module.GPT(module.GPTConfig(**model_args))
-
-
-def autocast_for(dtype, device_type):
-    """(dtype name, autocast context); 'auto' is the device's own (machine.auto_dtype)."""
-    if dtype == "auto":
-        dtype = machine.auto_dtype(device_type)
-    if dtype == "float32":
-        return dtype, nullcontext()
-    return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))

@@ -17,7 +17,7 @@ import sample
 import study
 import train
 from conftest import argv_for, last_error, read_log
-from lib import machine, settings
+from lib import machine
 from lib.cli import ConfigError
 
 HAS_MPS = torch.backends.mps.is_available()
@@ -72,15 +72,16 @@ def pretend_mps(monkeypatch):
     return bf16_works
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # autocast for CUDA, made here
 def test_each_device_chooses_its_precision(pretend_mps, monkeypatch):
-    assert settings.autocast_for("auto", "cpu")[0] == "float32"
+    assert machine.autocast_for("auto", "cpu")[0] == "float32"
     for bf16, dtype in ((True, "bfloat16"), (False, "float16")):  # CUDA's, as it was
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
-        assert machine.auto_dtype("cuda") == dtype
-    dtype, autocast = settings.autocast_for("auto", "mps")
+        assert machine.autocast_for("auto", "cuda")[0] == dtype
+    dtype, autocast = machine.autocast_for("auto", "mps")
     assert dtype == "float32" and isinstance(autocast, contextlib.nullcontext)
     pretend_mps[0] = True  # a torch and macOS where bf16 autocast runs on the Apple GPU
-    dtype, autocast = settings.autocast_for("auto", "mps")
+    dtype, autocast = machine.autocast_for("auto", "mps")
     assert dtype == "bfloat16" and isinstance(autocast, torch.autocast)
     assert autocast.device == "mps" and autocast.fast_dtype == torch.bfloat16
     pretend_mps[0] = False
@@ -89,9 +90,11 @@ def test_each_device_chooses_its_precision(pretend_mps, monkeypatch):
     machine.check_device("mps", "float16")  # what the user asks for, autocast's to refuse
 
 
-def test_compile_is_off_on_mps_unless_asked(pretend_mps, tmp_path):
+def test_compile_is_off_on_mps_and_cpus_unless_asked(pretend_mps, tmp_path):
     (tmp_path / "compiled.py").write_text("compile = True\n")
-    assert train.get_config(["--device=cpu"])["compile"] is True  # the default, unchanged
+    assert train.DEFAULTS["compile"] is True  # on CUDA
+    assert train.get_config(["--device=cpu"])["compile"] is False
+    assert train.get_config(["--device=cpu", "--compile"])["compile"] is True
     assert train.get_config(["--device=mps"])["compile"] is False
     assert train.get_config(["--device=mps", "--compile=True"])["compile"] is True
     assert train.get_config([str(tmp_path / "compiled.py"), "--device=mps"])["compile"] is True
