@@ -56,12 +56,11 @@ def normalize(argv):
 
 
 def parse(argv):
-    """(the config files' values, {key: the flag's text, None for a flag alone}); the help
-    flags are left out."""
+    """(the config files' values, {key: the flag's text, None for a flag alone})."""
     files, overrides = {}, {}
     for arg in normalize(argv):
         if arg in HELP_FLAGS:
-            continue
+            continue  # --help shows the values the rest of argv gives
         if arg.startswith("--"):
             key, equals, text = arg[2:].partition("=")
             overrides[key] = text if equals else None

@@ -16,7 +16,6 @@ after the step, its state saved.
 import itertools
 import math
 import os
-import random
 import time
 from contextlib import nullcontext
 
@@ -139,7 +138,7 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimiz
     if > 0. Returns the means over micro-steps and processes of loss (what the gradients come
     from: the cross-entropy plus the weighted aux losses), cross_entropy, grad_norm and aux."""
     X, Y = next(batches)
-    sums = {}  # loss, cross_entropy and each aux loss, summed over the micro-steps on the device
+    means = {}  # loss, cross_entropy and each aux loss over the micro-steps, on the device
     for micro_step in range(accum_steps):
         last = micro_step == accum_steps - 1
         # DDP averages the gradients over the processes in the last backward only
@@ -154,8 +153,7 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimiz
             # divided, the summed gradients are those of the mean loss
             scaler.scale(loss / accum_steps).backward()
         for name, value in dict(loss=loss, cross_entropy=cross_entropy, **aux).items():
-            sums[name] = sums.get(name, 0) + value.detach().float()
-    means = {name: total / accum_steps for name, total in sums.items()}
+            means[name] = means.get(name, 0) + value.detach().float() / accum_steps
     scaler.unscale_(optimizer)  # the true gradients, not fp16's scaled ones
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if grad_clip > 0:
@@ -166,11 +164,9 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimiz
     if ddp:  # every rank then sees the same numbers
         dist.all_reduce(flat)
         flat /= dist.get_world_size()
-    flat = flat.tolist()  # the one sync per step
-    numbers = {}
-    for name, value in means.items():  # a per-layer loss stays a list
-        numbers[name] = flat[:value.numel()] if value.dim() else flat[0]
-        del flat[:value.numel()]
+    parts = flat.cpu().split([value.numel() for value in means.values()])  # one read per step
+    numbers = {name: part.tolist() if value.dim() else part.item()  # a list: the per-layer loss
+               for (name, value), part in zip(means.items(), parts)}
     numbers["aux"] = {name: numbers.pop(name) for name in aux}
     return numbers
 
@@ -185,11 +181,17 @@ def eval_due(iter_num, last_eval_iter, config):
     return at_eval and last_eval_iter != iter_num
 
 
+def upcoming(iter_num, last_eval_iter, config):
+    """What the run does next, as a stop signal is told: the evaluation due, or the next step."""
+    if eval_due(iter_num, last_eval_iter, config):
+        return f"the evaluation at iteration {iter_num}"
+    return f"iteration {iter_num + 1}"
+
+
 def build(config, model_args, device, rank, world_size, saved):
     """The model (raw; compiled, in DDP), AdamW, the fp16 scaler and the batches' generator, as
     ckpt.pt saved them when resuming."""
-    for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own
-        seed(config["seed"] + rank)
+    torch.manual_seed(config["seed"] + rank)  # each rank its own dropout and batches
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
     torch.backends.cudnn.allow_tf32 = True
@@ -210,7 +212,7 @@ def build(config, model_args, device, rank, world_size, saved):
 
 
 def train(config, as_script=False):
-    """Trains as config says (in each process under torchrun); returns the model, iter_num and
+    """Trains as config says, in each process under torchrun; returns model, iter_num and
     best_val_loss. A stop signal ends it after the step, its state saved (cli.Stopped)."""
     under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
     with guards.launched(config, lambda: under_way, as_script) as launch:
@@ -262,21 +264,17 @@ def train(config, as_script=False):
             guards.check_state(full, config, last_good)
             return state, full
 
-        def upcoming():  # what the run does next: the evaluation due now, or the next step
-            due = eval_due(iter_num, last_eval_iter, config)
-            return f"the evaluation at iteration {iter_num}" if due else f"iteration {iter_num + 1}"
-
         def stop_if_requested():  # a signal to any process: all stop after the same step
             nonlocal under_way
-            under_way = upcoming()  # before looking: a later signal waits for that
-            signum = guards.stop_requested(stop, ddp, device)
-            if signum:
+            # set before looking: a signal that comes later waits for what it says
+            under_way = upcoming(iter_num, last_eval_iter, config)
+            if signum := guards.stop_requested(stop, ddp, device):
                 rng = checkpoint.rng_states(batch_generator, world_size)
                 if master and not diverging and last_eval_iter != iter_num:  # else saved
                     checkpoint.save_checkpoint(ckpt_path, checked_state(rng)[1])
                 raise guards.stopped(signum, iter_num, config, last_good, diverging, master)
 
-        under_way = upcoming()
+        under_way = upcoming(iter_num, last_eval_iter, config)
         while True:
             if eval_due(iter_num, last_eval_iter, config):
                 rng = checkpoint.rng_states(batch_generator, world_size)

@@ -1,7 +1,6 @@
 """
-The machine a run meets: the device and dtype a setting names must exist, the precision a dtype
-chooses, a GPU's peak FLOP/s for model FLOPs utilization (MFU), and a run sized for a GPU on a
-CPU, said at once.
+The machine: the device and dtype a run names, the autocast they choose, a GPU's peak FLOP/s for
+model FLOPs utilization (MFU), and a note when a run sized for a GPU starts on a CPU.
 """
 
 import functools
@@ -12,21 +11,21 @@ import torch
 
 from lib.cli import ConfigError
 
-# dense bf16 FLOP/s by a part of torch.cuda.get_device_name (any case); the first match wins,
-# so the variants come before their family
-PEAK_FLOPS = (
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989.4e12),  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
-    ("H200 NVL", 835e12),
-    ("H200", 989.4e12),  # also GH200, the same GPU
-    ("A100", 312e12),  # SXM and PCIe alike
-)
+# dense bf16 FLOP/s by a part of the GPU's name, any case; the first match wins, so the variants
+# come before their family
+PEAK_FLOPS = {
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 989.4e12,  # SXM, reported as e.g. "NVIDIA H100 80GB HBM3"
+    "H200 NVL": 835e12,
+    "H200": 989.4e12,  # also GH200, the same GPU
+    "A100": 312e12,  # SXM and PCIe alike
+}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_device(device, dtype="auto"):
-    """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU) and exist."""
+    """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (an Apple-silicon GPU), and exist."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     try:
@@ -37,16 +36,16 @@ def check_device(device, dtype="auto"):
         raise ConfigError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"device={device!r} but this machine has no MPS device (an Apple-silicon "
-                          "GPU, macOS 12.3 or later, a torch built with MPS): use --device=cpu")
+                          "GPU): use --device=cpu")
     if kind == "mps" and dtype == "bfloat16" and not mps_bf16_autocast_works():
         raise ConfigError("dtype='bfloat16' but bf16 autocast does not work on this MPS device "
                           "(it needs macOS 14 or later): use --dtype=float32")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has "
                           "no CUDA): use --device=cpu")
-    index, count = torch.device(device).index, torch.cuda.device_count()
-    if kind == "cuda" and index is not None and index >= count:
-        raise ConfigError(f"device={device!r} but this machine has {count} GPU(s)")
+    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device={device!r} but this machine has "
+                          f"{torch.cuda.device_count()} GPU(s)")
 
 
 def autocast_for(dtype, device_type):
@@ -63,8 +62,8 @@ def autocast_for(dtype, device_type):
 
 @functools.cache
 def mps_bf16_autocast_works():
-    """torch cannot tell whether bf16 autocast works on MPS (it needs macOS 14), so we try a
-    matmul; autocast warns and turns itself off where it does not, and the warning is a no."""
+    """torch cannot tell whether bf16 autocast works on MPS (it needs macOS 14), so we try one
+    matmul; where it does not, autocast warns and turns itself off, and the warning is a no."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -78,7 +77,7 @@ def mps_bf16_autocast_works():
 def peak_flops(device):
     """The GPU's peak FLOP/s from PEAK_FLOPS; None (no MFU) for a GPU not listed there."""
     name = torch.cuda.get_device_name(device)
-    for part, flops in PEAK_FLOPS:
+    for part, flops in PEAK_FLOPS.items():
         if part.lower() in name.lower():
             return flops
     print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in "

@@ -31,14 +31,20 @@ RULES = [
 
 def get_config(defaults, argv, script_keys=(), check_model=False):
     """The checked config of argv over defaults and the model's fields; script_keys are the
-    caller's own keys."""
+    caller's own keys. check_model: check the model's fields too."""
     files, overrides = configurator.parse(argv)
     # the keys depend on the model, so model_type comes first: flag, else file, else default
     model_type = files.get("model_type", defaults["model_type"])
     if "model_type" in overrides:
         model_type = configurator.read_flag(overrides["model_type"], "")
-    config = configurator.merge(with_model_fields(defaults, model_type), files, overrides,
-                                script_keys)
+    if model_type not in MODELS:
+        raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, "
+                          f"got {model_type!r}")
+    # the keys: the caller's defaults and the model's GPTConfig fields, with their defaults
+    defaults = dict(defaults, model_type=model_type)
+    for field in dataclasses.fields(MODELS[model_type].GPTConfig):
+        defaults[field.name] = field.default
+    config = configurator.merge(defaults, files, overrides, script_keys)
     check(config, world_size=int(os.environ.get("WORLD_SIZE", 1)))  # torchrun sets WORLD_SIZE
     if check_model:
         try:
@@ -48,17 +54,6 @@ def get_config(defaults, argv, script_keys=(), check_model=False):
             raise ConfigError(f"{', '.join(paths)}: {e}" if paths else str(e)) from None
     if not config["device"].startswith("cuda") and "compile" not in {**files, **overrides}:
         config["compile"] = False  # slow to compile on a CPU, young on MPS: used when asked
-    return config
-
-
-def with_model_fields(defaults, model_type):
-    """defaults plus the chosen model's GPTConfig fields, with their defaults."""
-    if model_type not in MODELS:
-        raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, "
-                          f"got {model_type!r}")
-    config = dict(defaults, model_type=model_type)
-    for field in dataclasses.fields(MODELS[model_type].GPTConfig):
-        config.setdefault(field.name, field.default)
     return config
 
 
