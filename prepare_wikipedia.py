@@ -109,7 +109,7 @@ def write_split(encoded, path, name, tokens_asked=None):
              "max_token_id": 0}
     left_over = []
     with prepare_io.writing(path, after_failure=NOTHING_REPLACED):
-        with open(path, "wb") as f, fetch.Progress() as progress:
+        with open(path, "wb") as f, prepare_io.Progress() as progress:
             for tokens, n_chars, n_bytes in encoded:
                 if tokens_asked and stats["documents"]:
                     # undershoot > 0, since the loop stops once the count is reached

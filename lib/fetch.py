@@ -105,28 +105,6 @@ PIECE_CHARS = 1 << 16  # their text goes to the tokenizer in pieces of about thi
 LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
 # what GitHub sends for a Git LFS file it does not serve (the owner's quota spent, the file gone)
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
-PROGRESS_LINE_S = 10  # to a file or a pipe, a progress line every this many seconds
-
-
-# --------------------------------------------------------------------------- downloads
-
-class Progress(prepare_io.Progress):
-    """prepare_io.Progress to a terminal; to a file or a pipe, whole lines (no \\r), one every
-    PROGRESS_LINE_S seconds and the last one, so that a log reads line by line."""
-
-    def show(self, message):
-        if sys.stderr.isatty():
-            return super().show(message)
-        self.message = message
-        if time.time() - self.last >= PROGRESS_LINE_S:
-            self.last, self.shown = time.time(), message
-            print(message, file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc_info):
-        if sys.stderr.isatty():
-            return super().__exit__(*exc_info)
-        if self.message != self.shown:
-            print(self.message, file=sys.stderr, flush=True)
 
 
 class DownloadError(cli.UserError):
@@ -227,7 +205,7 @@ def download(session, url, part, expected_size, attempts):
             total = done + int(length) if length else expected_size
             if expected_size and total != expected_size:
                 raise DownloadError(wrong_size(response, total, expected_size))
-            with open(part, "ab" if done else "wb") as f, Progress() as progress:
+            with open(part, "ab" if done else "wb") as f, prepare_io.Progress() as progress:
                 # A dropped connection is resumed below.
                 with contextlib.suppress(requests.RequestException):
                     for chunk in response.iter_content(chunk_size=1 << 16):

@@ -61,19 +61,31 @@ def writing(path, after_failure=None):
 
 
 class Progress:
-    """One status line on stderr, rewritten in place at most 4 times a second; ended on exit."""
+    """One status line on stderr, ended on exit with the last numbers. On a terminal the line is
+    rewritten in place at most 4 times a second; to a file or a pipe it comes as whole lines (no
+    \\r), one every LINE_S seconds, so that a log reads line by line."""
+
+    LINE_S = 10
 
     def __enter__(self):
         self.t0, self.last, self.message, self.shown = time.time(), 0.0, "", ""
+        self.terminal = sys.stderr.isatty()
         return self
 
     def show(self, message):
         self.message = message
-        if time.time() - self.last >= 0.25:
+        if time.time() - self.last >= (0.25 if self.terminal else self.LINE_S):
             self.last, self.shown = time.time(), message
-            print(f"\r{message}", end="", file=sys.stderr, flush=True)
+            self.print(message, end="")
+
+    def print(self, message, end):
+        if self.terminal:
+            print(f"\r{message}", end=end, file=sys.stderr, flush=True)
+        else:  # a line of its own, ended at once
+            print(message, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc_info):
-        if self.message:  # the final numbers, and a newline so that later messages start clean
-            last = f"\r{self.message}" if self.message != self.shown else ""
-            print(last, file=sys.stderr, flush=True)
+        if self.message != self.shown:
+            self.print(self.message, end="\n")
+        elif self.message and self.terminal:  # a newline, so that later messages start clean
+            print(file=sys.stderr, flush=True)

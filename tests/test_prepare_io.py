@@ -28,6 +28,7 @@ def test_progress_rewrites_one_line_and_ends_it_with_the_last_numbers(capsys, mo
     # enter; each show reads the time, once more if shown
     clock = iter([100.0, 100.0, 100.0, 100.1, 100.3, 100.3])
     monkeypatch.setattr(prepare_io.time, "time", lambda: next(clock))
+    monkeypatch.setattr(prepare_io.sys.stderr, "isatty", lambda: True)  # on a terminal
     with prepare_io.Progress() as progress:
         progress.show("1 of 3")  # shown: the first
         progress.show("2 of 3")  # 0.1 s later: not shown

@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 import tiktoken
 
-from lib import cli, data, fetch
+from lib import cli, data, fetch, prepare_io
 import bench
 import train
 import prepare_wikipedia as pw
@@ -1675,11 +1675,11 @@ def test_threads_is_the_name_and_num_proc_its_alias(capsys):
 
 
 def test_progress_to_a_file_or_a_pipe_is_whole_lines(capsys, monkeypatch):
-    with fetch.Progress() as progress:  # stderr is not a terminal here
+    with prepare_io.Progress() as progress:  # stderr is not a terminal here
         for i in range(3):
             progress.show(f"step {i}")
     assert capsys.readouterr().err == "step 0\nstep 2\n"  # the first at once, then the last
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    with fetch.Progress() as progress:
+    with prepare_io.Progress() as progress:
         progress.show("step 0")
     assert capsys.readouterr().err == "\rstep 0\n"  # on a terminal, one line rewritten in place
