@@ -215,7 +215,8 @@ def train(config, as_script=False):
     """Trains as config says, in each process under torchrun; returns model, iter_num and
     best_val_loss. A stop signal ends it after the step, its state saved (cli.Stopped)."""
     under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
-    with guards.launched(config, lambda: under_way, as_script) as launch:
+    with guards.launched(config, lambda: f"stopping after {under_way} with its state saved",
+                         as_script) as launch:
         rank, world_size, device, data_identity, data_stamps, stop = launch
         master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
         dtype, autocast = machine.autocast_for(config["dtype"], torch.device(device).type)
@@ -226,12 +227,12 @@ def train(config, as_script=False):
 
         saved = None  # a resumed run's ckpt.pt, checked against the config and the data
         if config["init_from"] == "resume":
-            saved = checkpoint.load_resumable(ckpt_path, config, model_args)
+            saved = checkpoint.load_resumable(ckpt_path, config)
         if config["eval_only"]:
             return evaluate_only(config, saved, device, autocast) if master else None
         with guards.rank0_decides(ddp):
             if saved and master:
-                checkpoint.check_resumed_data(saved, config, data_identity, ckpt_path)
+                checkpoint.check_resumed_data(saved, config, data_identity)
         if saved and checkpoint.nothing_to_train(saved, config):
             return dict(model=checkpoint.model_from_checkpoint(saved).to(device),
                         iter_num=saved["iter_num"], best_val_loss=saved["best_val_loss"])
@@ -247,7 +248,7 @@ def train(config, as_script=False):
         iter_num, last_eval_iter = resumed.get("iter_num", 0), resumed.get("last_eval_iter")
         best_val_loss = resumed.get("best_val_loss", math.inf)
         first_val_loss = resumed.get("first_val_loss")  # the first evaluation's val loss
-        last_good = (iter_num, None) if saved else None  # (iteration, val loss) in ckpt.pt
+        last_good = iter_num if saved else None  # the iteration ckpt.pt holds
         diverging = False  # the last evaluation was too far above the best to be saved
         accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
         wandb = peak_flops = None
@@ -257,22 +258,23 @@ def train(config, as_script=False):
             peak_flops = machine.speed_notes(config, device, raw_model.flops_per_token())
 
         def checked_state(rng):  # (best.pt's, ckpt.pt's) state; the run stops if not finite
-            state = checkpoint.model_state(config, model_args, raw_model, iter_num, best_val_loss,
-                                           data_identity)
-            full = checkpoint.training_state(state, optimizer, scaler, rng, last_eval_iter,
-                                             first_val_loss)
+            state, full = checkpoint.states(
+                config, raw_model, optimizer, scaler, rng, iter_num=iter_num,
+                best_val_loss=best_val_loss, last_eval_iter=last_eval_iter,
+                first_val_loss=first_val_loss, data=data_identity)
             guards.check_state(full, config, last_good)
             return state, full
 
         def stop_if_requested():  # a signal to any process: all stop after the same step
-            nonlocal under_way
+            nonlocal under_way, last_good
             # set before looking: a signal that comes later waits for what it says
             under_way = upcoming(iter_num, last_eval_iter, config)
             if signum := guards.stop_requested(stop, ddp, device):
                 rng = checkpoint.rng_states(batch_generator, world_size)
                 if master and not diverging and last_eval_iter != iter_num:  # else saved
                     checkpoint.save_checkpoint(ckpt_path, checked_state(rng)[1])
-                raise guards.stopped(signum, iter_num, config, last_good, diverging, master)
+                    last_good = iter_num
+                raise guards.stopped(signum, iter_num, config, last_good, master)
 
         under_way = upcoming(iter_num, last_eval_iter, config)
         while True:
@@ -294,7 +296,7 @@ def train(config, as_script=False):
                             checkpoint.save_checkpoint(best_path, state)
                         if not diverging:  # else ckpt.pt keeps the last good state
                             checkpoint.save_checkpoint(ckpt_path, full)
-                            last_good = (iter_num, val_loss)
+                            last_good = iter_num
                 if iter_num < max_iters:
                     stop_if_requested()
             if iter_num >= max_iters:
@@ -305,7 +307,7 @@ def train(config, as_script=False):
                 group["lr"] = lr
             step = forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimizer,
                                     config["grad_clip"])
-            guards.check_step(iter_num + 1, step, scaler.is_enabled(), config, last_good)
+            guards.check_step(iter_num + 1, step, config, last_good)
             scaler.step(optimizer)  # fp16: skipped when a gradient is not finite
             scaler.update()
             optimizer.zero_grad(set_to_none=True)

@@ -15,21 +15,18 @@ from lib.cli import UserError, write_atomically
 
 FORMAT = "train.py checkpoint v1"  # bump when the checkpoint layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "rng")
+TRAINING_KEYS = MODEL_KEYS + ("last_eval_iter", "first_val_loss", "data", "optimizer", "scaler",
+                              "rng")
 LAUNCH_KEYS = ("init_from", "overwrite", "new_data", "eval_only")  # not settings of the run
 
 
-def model_state(config, model_args, model, iter_num, best_val_loss, data_identity):
-    """best.pt: the model at iter_num, its val loss, and the data it trained on."""
-    return dict(format=FORMAT, model_type=config["model_type"], model_args=model_args,
-                model=model.state_dict(), config=config, iter_num=iter_num,
-                best_val_loss=best_val_loss, data=data_identity)
-
-
-def training_state(model_state, optimizer, scaler, rng, last_eval_iter, first_val_loss):
-    """ckpt.pt: best.pt's fields and AdamW's, the scaler's and every rank's random states."""
-    return dict(model_state, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                rng=rng, last_eval_iter=last_eval_iter, first_val_loss=first_val_loss)
+def states(config, model, optimizer, scaler, rng, **progress):
+    """(best.pt's state, ckpt.pt's): the model, its settings and the run's progress (iter_num,
+    best_val_loss, last_eval_iter, first_val_loss, data: its identity); ckpt.pt adds AdamW's,
+    the scaler's and every rank's random states."""
+    best = dict(format=FORMAT, model_type=config["model_type"], config=config,
+                model_args=settings.model_args_of(config), model=model.state_dict(), **progress)
+    return best, dict(best, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), rng=rng)
 
 
 def named_tensors(value, name=""):
@@ -42,18 +39,6 @@ def named_tensors(value, name=""):
             yield from named_tensors(item, f"{name}/{key}" if name else str(key))
 
 
-def nonfinite_tensors(state):
-    """The names (model/..., optimizer/...) of tensors holding a NaN or an infinity, in one
-    read per device."""
-    named = [(name, t) for name, t in named_tensors(state) if t.is_floating_point()]
-    finite = {}  # by device: AdamW's step counts stay on the CPU
-    for _, t in named:
-        finite.setdefault(t.device, []).append(torch.isfinite(t).all())
-    if all(torch.stack(flags).all().item() for flags in finite.values()):
-        return []
-    return [name for name, t in named if not torch.isfinite(t).all()]
-
-
 def save_checkpoint(path, state):
     """torch.save, atomically; the size given counts a shared storage (the tied embedding and
     head) once."""
@@ -64,7 +49,6 @@ def save_checkpoint(path, state):
 
 def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
     """A checkpoint train.py wrote that holds `keys`, on the CPU; mmap maps its tensors."""
-    path = str(path)
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path} — train one first")
     check_crc(path)
@@ -90,9 +74,8 @@ def check_crc(path):
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return  # not a zip: torch.load says so
     if damaged:
-        latest = ", or use --checkpoint=latest" if path.endswith("best.pt") else ""
         raise UserError(f"{path} is damaged: its member {damaged} fails its CRC32 check — restore "
-                        f"a good copy of it, or train again{latest}")
+                        "a good copy of it, or train again")
 
 
 def model_from_checkpoint(saved):
@@ -105,7 +88,7 @@ def model_from_checkpoint(saved):
     return model
 
 
-def load_resumable(path, config, model_args):
+def load_resumable(path, config):
     """ckpt.pt, checked to hold a training state of the model the config asks for."""
     saved = load_checkpoint(path, TRAINING_KEYS)
     if saved["model_type"] != config["model_type"]:
@@ -113,57 +96,46 @@ def load_resumable(path, config, model_args):
                         f"the config asks for {config['model_type']!r}")
     recorded = settings.saved_model_args(saved["model_type"], saved["model_args"])
     differ = [f"{key} (checkpoint {recorded.get(key)!r}, config {value!r})"
-              for key, value in model_args.items() if recorded.get(key) != value]
+              for key, value in settings.model_args_of(config).items()
+              if recorded.get(key) != value]
     if differ:
         raise UserError(f"cannot resume: model settings differ from the checkpoint's: "
                         f"{', '.join(differ)}")
-    saved.setdefault("last_eval_iter", saved["iter_num"])  # older files: saved after evaluating
     return saved
 
 
-def check_resumed_data(saved, config, identity, path):
-    """Check a resume's data; say where it goes on from and which settings changed."""
-    check_data_identity(saved, identity, config["new_data"], config["out_dir"])
-    before, iter_num, max_iters = saved["config"], saved["iter_num"], config["max_iters"]
-    changed = [f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
-               if key in before and key not in LAUNCH_KEYS and before[key] != value]
-    if changed:
-        print(f"resumed with settings that differ from the checkpoint's: {', '.join(changed)}")
-    if nothing_to_train(saved, config):
-        print(f"{path} is at iteration {iter_num} and max_iters is {max_iters}: nothing to train")
-    else:
-        print(f"resumed from iteration {iter_num} ({path}), training to max_iters {max_iters}")
-
-
-def nothing_to_train(saved, config):
-    return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
-
-
-def check_data_identity(saved, identity, new_data, out_dir):
-    """A resume on other data needs new_data; a new val.bin starts best.pt afresh (val losses
-    compare on the same data only) and keeps the old one."""
-    recorded = saved.get("data")
-    if recorded is None:  # older files did not record it
-        return
+def check_resumed_data(saved, config, identity):
+    """A resume on other data needs new_data; say which settings changed."""
+    recorded, out_dir, iter_num = saved["data"], config["out_dir"], saved["iter_num"]
     new_val = recorded["val_sha256"] != identity["val_sha256"]
-    if recorded["train_sha256"] == identity["train_sha256"] and not new_val:
-        return
-    if not new_data:
+    if (new_val or recorded["train_sha256"] != identity["train_sha256"]) and not config["new_data"]:
         raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data, "
                         f"{data.short_identity(recorded)}, than {data.short_identity(identity)}: "
                         "resume with that data, or pass --new_data=True")
-    if not new_val:
-        return
-    saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
-    best = os.path.join(out_dir, "best.pt")
-    if os.path.isfile(best):
+    if new_val:  # best.pt starts afresh, the old one kept: val losses compare on one val.bin only
+        saved["best_val_loss"], saved["first_val_loss"] = float("inf"), None
         stem, number = os.path.join(out_dir, f"best-val-{recorded['val_sha256'][:12]}"), 1
         kept = f"{stem}.pt"
         while os.path.exists(kept):  # never over a file kept before
             number += 1
             kept = f"{stem}-{number}.pt"
-        os.replace(best, kept)
-        print(f"new_data=True: best.pt starts afresh; the previous one is kept as {kept}")
+        if os.path.isfile(f"{out_dir}/best.pt"):
+            os.replace(f"{out_dir}/best.pt", kept)
+            print(f"new_data=True: best.pt starts afresh; the previous one is kept as {kept}")
+    before, max_iters = saved["config"], config["max_iters"]
+    changed = [f"{key} {before[key]!r} → {value!r}" for key, value in config.items()
+               if key in before and key not in LAUNCH_KEYS and before[key] != value]
+    if changed:
+        print(f"resumed with settings that differ from the checkpoint's: {', '.join(changed)}")
+    if nothing_to_train(saved, config):
+        print(f"{out_dir}/ckpt.pt is at iteration {iter_num} and max_iters is {max_iters}: "
+              "nothing to train")
+    else:
+        print(f"resumed from iteration {iter_num} of {max_iters}")
+
+
+def nothing_to_train(saved, config):
+    return saved["iter_num"] >= config["max_iters"] and saved["last_eval_iter"] == saved["iter_num"]
 
 
 def restore(saved, model, optimizer, scaler, batch_generator, rank):

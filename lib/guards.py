@@ -1,6 +1,7 @@
 """
 The run's guards: launched() holds what a launch must undo; the others take the run's state
-from train.py and return a verdict or raise.
+from train.py (last_good: the iteration ckpt.pt holds, None before it is saved) and return a
+verdict or raise.
 """
 
 import contextlib
@@ -21,16 +22,15 @@ DIVERGED_NATS = 1.0  # an evaluation this far above the best is no state worth r
 
 
 @contextlib.contextmanager
-def launched(config, under_way, as_script=False):
-    """Joins the process group; rank 0 locks and checks the data and claims out_dir; a signal
-    then waits for under_way(). Yields (rank, world_size, device, identity, stamps, stop)."""
+def launched(config, plan, as_script):
+    """Joins the process group; rank 0 locks and checks the data, claims out_dir, and answers a
+    first stop signal with plan(). Yields (rank, world_size, device, identity, stamps, stop)."""
     rank, world_size, device = setup_distributed(config)
-    ddp, out_lock = world_size > 1, None
+    ddp, out_lock, identity, stamps = world_size > 1, None, None, None
     with contextlib.ExitStack() as undo:
         if ddp:
             undo.callback(dist.destroy_process_group)
         try:
-            identity = stamps = None
             with rank0_decides(ddp):
                 if rank == 0:
                     undo.enter_context(data.hold_for_reading(config["data_dir"]))
@@ -39,10 +39,6 @@ def launched(config, under_way, as_script=False):
                                                config["vocab_size"])
                     out_lock = claim_out_dir(config)
                     undo.callback(out_lock.close)
-
-            def plan():  # said at once to a first signal
-                return f"stopping after {under_way()} with its state saved"
-
             stop = undo.enter_context(cli.StopRequests(
                 plan if rank == 0 else None, passed_on=ddp,
                 exit_within_s=10.0 if as_script else None, closed_pipe=True))
@@ -51,11 +47,10 @@ def launched(config, under_way, as_script=False):
             out_of_memory = isinstance(error, torch.OutOfMemoryError) or (
                 isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
             if out_lock:  # a failed launch leaves no out_dir it made
-                saved = os.path.exists(os.path.join(config["out_dir"], "ckpt.pt"))
-                if out_of_memory and config["init_from"] == "scratch" and not saved:
-                    # the new run's log alone would make a smaller batch need --overwrite
+                if out_of_memory and not os.path.exists(f"{config['out_dir']}/ckpt.pt"):
+                    # a new run's log alone would make a smaller batch need --overwrite
                     with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(config["out_dir"], "log.jsonl"))
+                        os.remove(f"{config['out_dir']}/log.jsonl")
                 out_lock.undo()
             if out_of_memory:
                 raise UserError(f"out of memory: {config['batch_size']} sequences of "
@@ -68,15 +63,12 @@ def setup_distributed(config):
     """(rank, world_size, device); under torchrun, in the process group."""
     if "RANK" not in os.environ:
         return 0, 1, config["device"]
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+    device, backend = "cpu", "gloo"  # nccl needs GPUs
     if config["device"].startswith("cuda"):
-        device, backend = f"cuda:{local_rank}", config["backend"]
+        device, backend = f"cuda:{os.environ['LOCAL_RANK']}", config["backend"]
         torch.cuda.set_device(device)
-    else:
-        device, backend = "cpu", "gloo"  # nccl needs GPUs
     dist.init_process_group(backend=backend)
-    return rank, world_size, device
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 @contextlib.contextmanager
@@ -137,32 +129,24 @@ class FolderLock:
 
 
 def claim_out_dir(config):
-    """Make and lock out_dir; refuse a run stopped before its first checkpoint, and a new run
-    over a run unless overwrite."""
-    out_dir = config["out_dir"]
+    """Make and lock out_dir; a new run replaces a run there only when asked (overwrite)."""
+    out_dir, fresh = config["out_dir"], config["init_from"] == "scratch"
     lock = FolderLock(out_dir, "train.lock", "train.py", "out_dir")
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
                 if os.path.exists(os.path.join(out_dir, name))]
-    names, fresh = ", ".join(existing), config["init_from"] == "scratch"
-    if existing and "ckpt.pt" not in existing and not (fresh and config["overwrite"]):
-        lock.undo()  # nothing to resume from
-        raise UserError(f"{out_dir} holds a run that stopped before its first checkpoint: "
-                        f"start it again with --overwrite=True (deletes {names})")
-    if fresh and existing:
-        if not config["overwrite"]:
-            lock.undo()
-            raise UserError(f"{out_dir} already holds a run ({names}): continue it with "
-                            "--init_from=resume, or replace it with --overwrite=True")
+    names = ", ".join(existing)
+    if existing and fresh and config["overwrite"]:
         for name in existing:
             os.remove(os.path.join(out_dir, name))
         print(f"overwrite=True: deleted {names} in {out_dir}")
+    elif existing and (fresh or "ckpt.pt" not in existing):
+        lock.undo()
+        if "ckpt.pt" not in existing:  # nothing to resume from
+            raise UserError(f"{out_dir} holds a run that stopped before its first checkpoint: "
+                            f"start it again with --overwrite=True (deletes {names})")
+        raise UserError(f"{out_dir} already holds a run ({names}): continue it with "
+                        "--init_from=resume, or replace it with --overwrite=True")
     return lock
-
-
-def good_state(last_good):
-    """'iteration 40, val loss 5.4321': the state in ckpt.pt."""
-    iteration, val_loss = last_good
-    return f"iteration {iteration}" + (f", val loss {val_loss:.4f}" if val_loss is not None else "")
 
 
 def stop_diverged(what, config, last_good):
@@ -171,8 +155,8 @@ def stop_diverged(what, config, last_good):
     flags = f"--learning_rate={lr:g}"
     if config["decay_lr"] and config["min_lr"] > lr:
         flags += f" --min_lr={lr:g}"  # min_lr may not exceed learning_rate
-    if last_good:
-        where = f"{config['out_dir']}/ckpt.pt ({good_state(last_good)}) holds the last good state"
+    if last_good is not None:
+        where = f"{config['out_dir']}/ckpt.pt (iteration {last_good}) holds the last good state"
         go_on, flags = "resume it", f"--init_from=resume {flags}"
     else:
         where, go_on, flags = "no state was saved", "start again", f"--overwrite=True {flags}"
@@ -180,11 +164,11 @@ def stop_diverged(what, config, last_good):
                     f"lower learning rate: the same command with {flags}")
 
 
-def check_step(iteration, step, fp16, config, last_good):
+def check_step(iteration, step, config, last_good):
     """Stops before a non-finite loss or gradient changes the weights (under fp16 the gradient
     scaler skips such a step)."""
     values = [("loss", step["loss"]), *log.flat(step["aux"])]
-    if not fp16:
+    if config["dtype"] != "float16":
         values.append(("gradient norm", step["grad_norm"]))
     bad = [name for name, value in values if not math.isfinite(value)]
     if bad:
@@ -204,19 +188,23 @@ def check_evaluation(iter_num, losses, best_val_loss, first_val_loss, config, la
         print(f"warning: val loss {val_loss:.4f} at iteration {iter_num} is above the run's "
               f"first evaluation's, {first_val_loss:.4f}: try a lower --learning_rate",
               file=sys.stderr)
-    if last_good and val_loss >= best_val_loss + DIVERGED_NATS:
-        print(f"warning: not saving {config['out_dir']}/ckpt.pt at iteration {iter_num}: val loss "
-              f"{val_loss:.4f} is far above the best; it keeps {good_state(last_good)}",
-              file=sys.stderr)
-        return True
-    return False
+    diverging = last_good is not None and val_loss >= best_val_loss + DIVERGED_NATS
+    if diverging:
+        print(f"warning: not saving {config['out_dir']}/ckpt.pt: val loss {val_loss:.4f} is far "
+              f"above the best; it keeps iteration {last_good}", file=sys.stderr)
+    return diverging
 
 
 def check_state(state, config, last_good):
-    """Stops, writing nothing, at a non-finite value in a state to save."""
-    bad = checkpoint.nonfinite_tensors(state)
-    if bad:
-        stop_diverged(f"iteration {state['iter_num']}: non-finite values in {bad[0]}", config,
+    """Stops, writing nothing, at a NaN or an infinity in a state to save; a finite state costs
+    one read per device."""
+    named = [(name, t) for name, t in checkpoint.named_tensors(state) if t.is_floating_point()]
+    finite = {}  # by device: AdamW's step counts stay on the CPU
+    for _, t in named:
+        finite.setdefault(t.device, []).append(torch.isfinite(t).all())
+    if not all(torch.stack(flags).all().item() for flags in finite.values()):
+        bad = next(name for name, t in named if not torch.isfinite(t).all())
+        stop_diverged(f"iteration {state['iter_num']}: non-finite values in {bad}", config,
                       last_good)
 
 
@@ -236,11 +224,9 @@ def stop_requested(stop, ddp, device):
     return flag.item() or None
 
 
-def stopped(signum, iter_num, config, last_good, diverging, master):
+def stopped(signum, iter_num, config, last_good, master):
     """The cli.Stopped to raise once saved: what ckpt.pt holds, and how to go on."""
-    saved = f"saved {config['out_dir']}/ckpt.pt"
-    if diverging:
-        saved = f"{config['out_dir']}/ckpt.pt keeps {good_state(last_good)}, the last good state"
-    note = (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: {saved}; "
-            "continue with the same command and --init_from=resume")
+    note = (f"stopped by {signal.Signals(signum).name} after iteration {iter_num}: "
+            f"{config['out_dir']}/ckpt.pt holds iteration {last_good}; continue with the same "
+            "command and --init_from=resume")
     return cli.Stopped(signum, note if master else "")  # rank 0 speaks for all
