@@ -27,8 +27,7 @@ def usage(doc, config):
 def read_config_file(path):
     """The values a config file defines (bool, int, float, str or None), but _names."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path} not found (a config file is a .py path such as "
-                          "config/tiny_cpu.py)")
+        raise ConfigError(f"config file {path} not found: give a path such as config/tiny_cpu.py")
     namespace = {}  # the file's own, never our globals
     with open(path) as f:
         try:
@@ -108,8 +107,6 @@ def merge(defaults, files, overrides, script_keys=()):
 
 
 def unknown_key(key, known):
-    if key == "model_type":  # sample.py and visualize.py take the model from the checkpoint
-        return "model_type is not a setting here: the checkpoint decides the model"
     close = difflib.get_close_matches(key, known, n=1)
     if close:
         return f"unknown key {key}; did you mean {close[0]}?"

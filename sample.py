@@ -91,6 +91,15 @@ def model_path(out_dir, which="best"):
     return best
 
 
+def read_settings(defaults, argv):
+    """defaults under a config file and flags (configurator.py). model_type is no setting of
+    sample.py or visualize.py: the checkpoint decides the model."""
+    files, overrides = configurator.parse(argv)
+    if "model_type" in {**files, **overrides}:
+        raise ConfigError("model_type is not a setting here: the checkpoint decides the model")
+    return configurator.merge(defaults, files, overrides)
+
+
 def check_settings(config):
     if config["temperature"] <= 0:
         raise ConfigError(f"temperature must be > 0, got {config['temperature']} "
@@ -194,7 +203,7 @@ def main(argv):
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, DEFAULTS))
         return 0
-    config = configurator.merge(DEFAULTS, *configurator.parse(argv))
+    config = read_settings(DEFAULTS, argv)
     check_settings(config)
     for text in sample(config):
         print(text)

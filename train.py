@@ -252,10 +252,11 @@ def train(config, as_script=False):
         diverging = False  # the last evaluation was too far above the best to be saved
         accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
         wandb = peak_flops = None
-        if master:  # wandb first: it may fail, and nothing is logged yet
-            wandb = log.start_wandb(config)
-            log.start(log_path, config, model_args, raw_model, world_size, iter_num, data_identity)
-            peak_flops = machine.speed_notes(config, device, raw_model.flops_per_token())
+        if master:
+            wandb = log.start(log_path, config, model_args, raw_model, world_size, iter_num,
+                              data_identity)
+            flops_per_step = raw_model.flops_per_token() * log.tokens_per_iter(config)
+            peak_flops = machine.speed_notes(device, flops_per_step)
 
         def checked_state(rng):  # (best.pt's, ckpt.pt's) state; the run stops if not finite
             state, full = checkpoint.states(

@@ -31,7 +31,7 @@ import configurator
 from lib import cli
 from lib.checkpoint import load_checkpoint, model_from_checkpoint
 from lib.cli import ConfigError, UserError
-from sample import check_which, gpt2_tokenizer, model_path, read_prompt
+from sample import check_which, gpt2_tokenizer, model_path, read_prompt, read_settings
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to draw; repeat --out_dir=... to compare runs
@@ -504,7 +504,7 @@ def main(argv):
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, DEFAULTS))
         return 0
-    config = configurator.merge(DEFAULTS, *configurator.parse(argv))
+    config = read_settings(DEFAULTS, argv)
     # configurator keeps the last of repeated flags; every --out_dir is a run to draw
     out_dirs = [arg.partition("=")[2] for arg in configurator.normalize(argv)
                 if arg.startswith("--out_dir=")]

@@ -5,7 +5,6 @@ What every script does with a mistake the user can fix: one line saying what to 
 """
 
 import errno
-import functools
 import os
 import shutil
 import signal
@@ -43,8 +42,8 @@ class StopRequests:
     """Within it, a first stop signal sets .signum, for the script to stop where it can save,
     and is answered at once with plan(). A second raises Stopped, and ends the process within
     exit_within_s seconds even if its teardown hangs. passed_on: under torchrun, the same signal
-    within 5 s is torchrun's copy. closed_pipe: a SIGPIPE (`python train.py | head`, once head
-    exits) asks for a stop too, never a second one."""
+    within 5 s is torchrun's copy. closed_pipe: a SIGPIPE (`train.py | head`) asks for a stop
+    too, never a second one."""
 
     def __init__(self, plan=None, passed_on=False, exit_within_s=None, closed_pipe=False):
         self.signum, self.plan, self.passed_on = None, plan, passed_on
@@ -70,10 +69,8 @@ class StopRequests:
         if signum == signal.SIGHUP:
             leave_a_closed_terminal()
         if self.plan:
-            again = "a second signal stops at once"
-            if signum == signal.SIGINT:
-                again = "Ctrl-C again to stop at once"
-            print(f"{name}: {self.plan()}; {again}", file=sys.stderr, flush=True)
+            print(f"{name}: {self.plan()}; a second signal stops at once", file=sys.stderr,
+                  flush=True)
 
     def __exit__(self, *exc_info):
         for signum, handler in self.previous.items():
@@ -91,13 +88,12 @@ def exit_now(status):
 def leave_a_closed_terminal():
     """After a SIGHUP, what goes to a closed terminal goes to /dev/null instead."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            termios.tcgetattr(stream)  # EIO once the terminal closed
-        except termios.error as e:
-            if e.args[0] == errno.EIO:
-                to_devnull(stream)
-        except ValueError:  # no file behind the stream
-            pass
+        with suppress(ValueError):  # no file behind the stream
+            try:
+                termios.tcgetattr(stream)
+            except termios.error as e:
+                if e.args[0] == errno.EIO:  # the terminal closed
+                    to_devnull(stream)
 
 
 def to_devnull(stream):
@@ -115,19 +111,14 @@ def raise_stopped(signum, frame):
 def main(entry):
     """Wraps a script's entry(argv) to return its exit status."""
 
-    @functools.wraps(entry)
     def wrapped(argv=None):
         argv = sys.argv[1:] if argv is None else argv
-        # Ctrl-C raises KeyboardInterrupt already; the others raise Stopped
-        previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS[1:]}
+        previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS}
         try:
             return entry(argv) or 0
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return e.status
-        except KeyboardInterrupt:
-            print("stopped by SIGINT", file=sys.stderr)
-            return 128 + signal.SIGINT
         except Stopped as e:
             if str(e):  # empty for DDP processes but rank 0
                 print(e, file=sys.stderr)
@@ -150,8 +141,8 @@ ADVICE = {  # what to do when a write fails, by errno
 
 
 def write_atomically(path, write, size=0):
-    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size: what
-    write() writes (see write_problem)."""
+    """write(f) to path.tmp, renamed to path: a failure leaves a previous file whole. size, what
+    write() writes, tells a full disk behind torch.save's RuntimeError, which has no errno."""
     tmp_path = path + ".tmp"
     try:
         with open(tmp_path, "wb") as f:
@@ -163,11 +154,15 @@ def write_atomically(path, write, size=0):
         with suppress(OSError):
             os.remove(tmp_path)
         stop = stop_within(e)
-        if stop is not None and stop is not e:
+        if stop is not None:
             raise stop from None  # the signal, not torch.save's error around it
-        problem = write_problem(path, e, size) if isinstance(e, (OSError, RuntimeError)) else None
-        if problem:
-            raise UserError(problem) from None
+        if isinstance(e, OSError):
+            raise UserError(write_problem(path, e)) from None
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free if size else 0
+        if isinstance(e, RuntimeError) and free < size:
+            needs = f"{size / 1e6:,.1f} MB to write, {free / 1e6:,.1f} MB free"
+            raise UserError(f"cannot write {path}: no space left on device ({needs}); "
+                            f"{ADVICE[errno.ENOSPC]}") from None
         raise
 
 
@@ -178,15 +173,7 @@ def stop_within(error):
     return error
 
 
-def write_problem(path, error, size=0):
-    """'cannot write PATH: cause; advice', or None for an error not the disk's (torch.save's
-    RuntimeError counts as a full disk when the free space is below size)."""
-    if isinstance(error, OSError) and error.errno is not None:
-        code, cause = error.errno, error.strerror.lower()
-    else:
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-        if not size or free >= size:
-            return None
-        code, cause = errno.ENOSPC, (f"no space left on device ({size / 1e6:,.1f} MB to write, "
-                                     f"{free / 1e6:,.1f} MB free)")
-    return f"cannot write {path}: {cause}; {ADVICE.get(code, 'check the disk and the path')}"
+def write_problem(path, error):
+    """'cannot write PATH: cause; what to do' for an OSError."""
+    cause = error.strerror.lower() if error.strerror else error
+    return f"cannot write {path}: {cause}; {ADVICE.get(error.errno, 'check the disk and the path')}"

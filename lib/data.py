@@ -23,14 +23,15 @@ DATA_LOCK = "data.lock"
 
 def check_data(data_dir, block_size, vocab_size):
     """Refuse data that would fail mid-run; returns its identity: data_dir and the sha256s."""
+    identity = {"data_dir": data_dir}
     meta_path = os.path.join(data_dir, "meta.json")
-    meta, identity = {}, {"data_dir": data_dir}
-    if os.path.isfile(meta_path):
-        try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{meta_path} cannot be read ({e}): prepare the data again") from None
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        meta = {}
+    except (OSError, ValueError) as e:
+        raise UserError(f"{meta_path} cannot be read ({e}): prepare the data again") from None
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
@@ -41,8 +42,8 @@ def check_data(data_dir, block_size, vocab_size):
             check_format(path)
         n_bytes = os.path.getsize(path)
         if n_bytes % 2:
-            raise UserError(f"{path} has an odd number of bytes ({n_bytes:,}), so it is not uint16 "
-                            "tokens — prepare the data again")
+            raise UserError(f"{path} has an odd number of bytes ({n_bytes:,}): prepare the data "
+                            "again")
         if n_bytes // 2 < block_size + 1:
             raise UserError(f"{path} holds {n_bytes // 2} tokens, fewer than block_size + 1 = "
                             f"{block_size + 1}: prepare more text or lower --block_size")
@@ -50,8 +51,7 @@ def check_data(data_dir, block_size, vocab_size):
         # meta.json is written last: a .bin that disagrees is of another preparation
         recorded = meta.get(split, {})
         if recorded.get("sha256", sha256) != sha256:
-            raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare the data "
-                            "again")
+            raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare it again")
         max_token_id = recorded.get("max_token_id")
         if max_token_id is None:  # not recorded: scan the tokens once
             max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
@@ -71,20 +71,18 @@ def short_identity(identity):
 
 
 def stamps(data_dir):
-    """{file name: (size, mtime) or None}: a cheap look at whether the data was rewritten."""
+    """{name: (size, mtime)} of the data's files: a cheap look at whether they were rewritten."""
     found = {}
     for name in ("train.bin", "val.bin", "meta.json"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             stat = os.stat(os.path.join(data_dir, name))
             found[name] = (stat.st_size, stat.st_mtime_ns)
-        except FileNotFoundError:
-            found[name] = None
     return found
 
 
 def lock_data_dir(data_dir, shared):
-    """data_dir/data.lock, held shared by runs and exclusively by prepare_wikipedia.py, or None
-    when it is held the other way (no one waits)."""
+    """data_dir/data.lock, held shared by runs and exclusively by prepare_wikipedia.py; None
+    if it is held the other way."""
     path = os.path.join(data_dir, DATA_LOCK)
     try:
         lock = open(path, "a+")
@@ -118,7 +116,7 @@ def check_format(path):
     words = np.fromfile(path, dtype=np.uint16, count=1 << 19)
     head, found = words.tobytes(), None
     if len(words) >= 4 and words.any() and not words[1::2].any():
-        found = "int32 token ids" if words[2::4].any() else "int64 token ids"
+        found = "int32 or int64 token ids"
     elif head and b"\0" not in head:
         with contextlib.suppress(UnicodeDecodeError):
             codecs.getincrementaldecoder("utf-8")().decode(head)  # may end mid-character

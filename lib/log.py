@@ -38,23 +38,21 @@ def console_line(record):
     return f"eval at iter {record['iter']}: {losses}{best}"
 
 
-def start_wandb(config):
-    if not config["wandb_log"]:
-        return None
-    import wandb
-
-    wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
-    return wandb
-
-
 def start(path, config, model_args, model, world_size, iter_num, data_identity):
-    """A launch's first record, on a line of its own after a launch killed mid-record."""
+    """A launch's first record, on a line of its own after a launch killed mid-record; returns
+    wandb when config["wandb_log"] asks for it, else None."""
+    wandb = None
+    if config["wandb_log"]:  # first: it may fail, and nothing is logged yet
+        import wandb
+
+        wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
     end_line(path)
     write(path, dict(type="start", model_type=config["model_type"],
                      num_params=model.get_num_params(), world_size=world_size,
                      tokens_per_iter=tokens_per_iter(config), iter_num=iter_num,
                      init_from=config["init_from"], config=config, model_args=model_args,
                      data=data_identity))
+    return wandb
 
 
 def evaluation(path, iter_num, losses, best_val_loss, wandb):
@@ -68,7 +66,6 @@ def evaluation(path, iter_num, losses, best_val_loss, wandb):
 
 
 def step(path, iter_num, numbers, lr, dt, config, mfu, wandb):
-    """A train record: the step's numbers, the learning rate, and dt seconds per step."""
     write(path, dict(type="train", iter=iter_num, **numbers, lr=lr, ms_per_iter=dt * 1000,
                      tokens_per_s=tokens_per_iter(config) / dt, mfu=mfu), wandb)
 
@@ -83,13 +80,13 @@ def write(path, record, wandb=None):
     except BrokenPipeError:  # stdout's reader went away: its SIGPIPE stops the run
         to_devnull(sys.stdout)
     append(path, record)
-    if wandb and record["type"] in ("train", "eval"):
+    if wandb:
         wandb.log(dict(flat(record, record["type"])))
 
 
 def append(path, record):
     """Append a record and the time as strict JSON: a non-finite number becomes null, named
-    under "nonfinite" (e.g. "val_loss")."""
+    under "nonfinite"."""
     nonfinite = [name for name, value in flat(record) if not math.isfinite(value)]
     record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN → null
     record["time"] = time.time()

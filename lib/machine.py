@@ -38,14 +38,11 @@ def check_device(device, dtype="auto"):
         raise ConfigError(f"device={device!r} but this machine has no MPS device (an Apple-silicon "
                           "GPU): use --device=cpu")
     if kind == "mps" and dtype == "bfloat16" and not mps_bf16_autocast_works():
-        raise ConfigError("dtype='bfloat16' but bf16 autocast does not work on this MPS device "
-                          "(it needs macOS 14 or later): use --dtype=float32")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but this machine has no CUDA GPU (or this torch has "
-                          "no CUDA): use --device=cpu")
+        raise ConfigError("dtype='bfloat16' but bf16 autocast does not work on this MPS device: "
+                          "use --dtype=float32")
     if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"device={device!r} but this machine has "
-                          f"{torch.cuda.device_count()} GPU(s)")
+        raise ConfigError(f"device={device!r} but this machine (or this torch) has "
+                          f"{torch.cuda.device_count()} CUDA GPU(s): use --device=cpu")
 
 
 def autocast_for(dtype, device_type):
@@ -75,7 +72,7 @@ def mps_bf16_autocast_works():
 
 
 def peak_flops(device):
-    """The GPU's peak FLOP/s from PEAK_FLOPS; None (no MFU) for a GPU not listed there."""
+    """The GPU's peak FLOP/s, or None (no MFU) for a GPU not in PEAK_FLOPS."""
     name = torch.cuda.get_device_name(device)
     for part, flops in PEAK_FLOPS.items():
         if part.lower() in name.lower():
@@ -85,13 +82,12 @@ def peak_flops(device):
     return None
 
 
-def speed_notes(config, device, flops_per_token):
+def speed_notes(device, flops_per_step):
     """A CUDA GPU's peak FLOP/s for MFU (None elsewhere); on a CPU, a note on what a run sized
     for a GPU costs, before its first evaluation takes minutes."""
     if device.startswith("cuda"):
         return peak_flops(device)
-    tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-    if device == "cpu" and flops_per_token * tokens > 1e12:
-        print(f"note: one optimizer step is {flops_per_token * tokens / 1e12:,.0f} TFLOP, sized "
-              "for a GPU: minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
+    if device == "cpu" and flops_per_step > 1e12:
+        print(f"note: one optimizer step is {flops_per_step / 1e12:,.0f} TFLOP, sized for a GPU: "
+              "minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
     return None

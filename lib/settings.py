@@ -34,9 +34,7 @@ def get_config(defaults, argv, script_keys=(), check_model=False):
     caller's own keys. check_model: check the model's fields too."""
     files, overrides = configurator.parse(argv)
     # the keys depend on the model, so model_type comes first: flag, else file, else default
-    model_type = files.get("model_type", defaults["model_type"])
-    if "model_type" in overrides:
-        model_type = configurator.read_flag(overrides["model_type"], "")
+    model_type = overrides.get("model_type") or files.get("model_type", defaults["model_type"])
     if model_type not in MODELS:
         raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, "
                           f"got {model_type!r}")
@@ -86,7 +84,7 @@ def model_args_of(config):
     try:
         return dataclasses.asdict(module.GPTConfig(**args))
     except ValueError as e:
-        raise ConfigError(f"{e} (model_type {config['model_type']!r})") from None
+        raise ConfigError(str(e)) from None
 
 
 def saved_model_args(model_type, model_args):
@@ -99,6 +97,5 @@ def saved_model_args(model_type, model_args):
 
 
 def build_model(model_type, model_args):
-    """A fresh GPT of model_<model_type>.py with these GPTConfig fields."""
     module = MODELS[model_type]
     return module.GPT(module.GPTConfig(**model_args))

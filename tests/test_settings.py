@@ -55,7 +55,7 @@ def test_model_keys_are_valid_only_for_their_model(tmp_path):
     ("--warmup_iters=700000", "warmup_iters (700000) must be below lr_decay_iters (700000)"),
     ("--min_lr=0.1", "min_lr (0.1) must not exceed learning_rate (0.001)"),
     ("--device=gpu", "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'gpu'"),
-    pytest.param("--device=cuda", "this machine has no CUDA GPU",
+    pytest.param("--device=cuda", "this machine (or this torch) has 0 CUDA GPU(s): use --device=cpu",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
 def test_bad_setting_is_one_line(setting, message, data_dir, tmp_path, capsys):
@@ -190,7 +190,8 @@ def test_gpu_config_on_a_cpu_says_what_it_costs(capsys):
         with torch.device("meta"):  # the FLOP count needs the shapes only
             model = module.GPT(module.GPTConfig(**settings.model_args_of(config)))
         tokens_per_step = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-        assert machine.speed_notes(config, "cpu", model.flops_per_token()) is None  # no MFU on a CPU
+        flops_per_step = model.flops_per_token() * tokens_per_step
+        assert machine.speed_notes("cpu", flops_per_step) is None  # no MFU on a CPU
         out = capsys.readouterr().out
         # 800 sequences of 200 tokens, 108,000 FLOPs per token: 17.3 TFLOP
         tflop = model.flops_per_token() * tokens_per_step / 1e12

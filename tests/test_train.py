@@ -882,7 +882,7 @@ def test_a_gpu_sized_config_on_a_cpu_says_what_a_step_costs_and_answers_ctrl_c_a
         time.sleep(1)  # past the look for a signal that follows the evaluation's save: in the first step
         process.send_signal(signal.SIGINT)
         acknowledgement = next_line_with(err, "SIGINT", timeout=10)  # at once, not after the step
-        assert acknowledgement == "SIGINT: stopping after iteration 1 with its state saved; Ctrl-C again to stop at once\n"
+        assert acknowledgement == "SIGINT: stopping after iteration 1 with its state saved; a second signal stops at once\n"
         process.send_signal(signal.SIGINT)  # the user will not wait
         assert process.wait(timeout=30) == 128 + signal.SIGINT
         assert next_line_with(err, "stopped", timeout=5) == "stopped at once by a second SIGINT\n"
