@@ -56,7 +56,7 @@ def writing(path, after_failure=None):
         yield
     except OSError as e:
         name = e.filename2 or e.filename or path  # a failed write() names no file, a rename two
-        problem = write_problem(name, e) or f"cannot write {name}: {e}"
+        problem = write_problem(name, e)
         raise UserError(f"{problem}; {after_failure}" if after_failure else problem) from None
 
 
