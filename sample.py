@@ -150,6 +150,8 @@ def sample(config):
     print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
+    if device == "cpu" and (busy := machine.busy_cpu_note()):
+        print(busy, file=sys.stderr)
     _, autocast = autocast_for(config["dtype"], torch.device(device).type)
     model.eval()
     model.to(device)

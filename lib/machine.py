@@ -1,9 +1,11 @@
 """
 The machine: the device and dtype a run names, the autocast they choose, a GPU's peak FLOP/s for
-model FLOPs utilization (MFU), and a note when a run sized for a GPU starts on a CPU.
+model FLOPs utilization (MFU), and notes on what slows a run on a CPU.
 """
 
 import functools
+import os
+import time
 import warnings
 from contextlib import nullcontext
 
@@ -11,8 +13,7 @@ import torch
 
 from lib.cli import ConfigError
 
-# dense bf16 FLOP/s by a part of the GPU's name, any case; the first match wins, so the variants
-# come before their family
+# dense bf16 FLOP/s by a part of the GPU's name; the first match wins: variants come first
 PEAK_FLOPS = {
     "H100 NVL": 835e12,
     "H100 PCIe": 756e12,
@@ -59,8 +60,7 @@ def autocast_for(dtype, device_type):
 
 @functools.cache
 def mps_bf16_autocast_works():
-    """torch cannot tell whether bf16 autocast works on MPS (it needs macOS 14), so we try one
-    matmul; where it does not, autocast warns and turns itself off, and the warning is a no."""
+    """One matmul tried: where bf16 autocast fails on MPS (before macOS 14), it warns."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -77,17 +77,38 @@ def peak_flops(device):
     for part, flops in PEAK_FLOPS.items():
         if part.lower() in name.lower():
             return flops
-    print(f"note: no bf16 peak known for {name}, so MFU is not reported; add it to PEAK_FLOPS in "
-          "lib/machine.py")
+    print(f"note: no bf16 peak known for {name}, so no MFU: add it to lib/machine.py's PEAK_FLOPS")
     return None
 
 
 def speed_notes(device, flops_per_step):
-    """A CUDA GPU's peak FLOP/s for MFU (None elsewhere); on a CPU, a note on what a run sized
-    for a GPU costs, before its first evaluation takes minutes."""
+    """A CUDA GPU's peak FLOP/s for MFU (None elsewhere); on a CPU, notes on what slows it."""
     if device.startswith("cuda"):
         return peak_flops(device)
     if device == "cpu" and flops_per_step > 1e12:
         print(f"note: one optimizer step is {flops_per_step / 1e12:,.0f} TFLOP, sized for a GPU: "
               "minutes per step on a CPU; for a first run there use config/tiny_cpu.py")
+    if device == "cpu" and (busy := busy_cpu_note()):
+        print(busy)
+
+
+def busy_cpu_note(seconds=0.1):
+    """Other programs' share of the cores over a moment, from Linux's /proc/stat (a load average
+    counts the last command too): one thread per free core runs faster then."""
+    threads, cores = torch.get_num_threads(), os.cpu_count()
+    if threads == 1 or not os.path.exists("/proc/stat"):
+        return None
+
+    def idle_and_all():  # every core's ticks since boot: idle or waiting for I/O, and all
+        with open("/proc/stat") as f:
+            ticks = [int(n) for n in f.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)
+
+    idle, total = idle_and_all()
+    time.sleep(seconds)
+    idle_after, total_after = idle_and_all()
+    busy = round((1 - (idle_after - idle) / max(total_after - total, 1)) * cores)
+    if busy and threads > cores - busy:
+        return (f"note: other programs keep {busy} of {cores} CPU cores busy; one thread per free "
+                f"core runs faster: OMP_NUM_THREADS={max(cores - busy, 1)}")
     return None

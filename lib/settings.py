@@ -30,15 +30,14 @@ RULES = [
 
 
 def get_config(defaults, argv, script_keys=(), check_model=False):
-    """The checked config of argv over defaults and the model's fields; script_keys are the
-    caller's own keys. check_model: check the model's fields too."""
+    """The checked config of argv over defaults and the model's GPTConfig fields; script_keys
+    are the caller's own keys."""
     files, overrides = configurator.parse(argv)
     # the keys depend on the model, so model_type comes first: flag, else file, else default
     model_type = overrides.get("model_type") or files.get("model_type", defaults["model_type"])
     if model_type not in MODELS:
         raise ConfigError(f"model_type must be one of {', '.join(map(repr, MODELS))}, "
                           f"got {model_type!r}")
-    # the keys: the caller's defaults and the model's GPTConfig fields, with their defaults
     defaults = dict(defaults, model_type=model_type)
     for field in dataclasses.fields(MODELS[model_type].GPTConfig):
         defaults[field.name] = field.default

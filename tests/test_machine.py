@@ -7,6 +7,8 @@ AdamW not fused, no pinned memory, and bench.py waiting for the GPU around each 
 """
 
 import contextlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -157,3 +159,47 @@ def test_bench_waits_for_the_mps_device_around_each_step(monkeypatch):
     run["device"] = "mps"  # the same step, timed as on the Apple GPU
     assert bench.step(run) > 0
     assert waits == ["mps", "mps"]  # before the clock starts and before it stops
+
+
+# --------------------------------------------------------------------------------------
+# the busy-CPU note: it speaks when other programs hold cores, read from /proc/stat
+
+
+def fake_proc_stat(monkeypatch, *ticks):
+    """/proc/stat as it reads at each call: ticks = (idle, all) since boot, all cores."""
+    lines = iter(f"cpu  {total - idle} 0 0 {idle} 0 0 0 0\n" for idle, total in ticks)
+    monkeypatch.setattr(machine, "open", lambda path: contextlib.nullcontext(
+        __import__("io").StringIO(next(lines))), raising=False)
+    monkeypatch.setattr(machine.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+
+
+def test_the_busy_cpu_note_is_silent_on_an_idle_machine(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    fake_proc_stat(monkeypatch, (1000, 5000), (1020, 5020))  # every tick of the moment idle
+    assert machine.busy_cpu_note() is None
+    fake_proc_stat(monkeypatch, (1000, 5000), (1016, 5020))  # 0.4 of a core: none held
+    assert machine.busy_cpu_note() is None
+
+
+def test_the_busy_cpu_note_speaks_when_other_programs_hold_a_core(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    fake_proc_stat(monkeypatch, (1000, 5000), (1010, 5020))  # half the ticks: one core of 2
+    assert machine.busy_cpu_note() == ("note: other programs keep 1 of 2 CPU cores busy; one "
+                                       "thread per free core runs faster: OMP_NUM_THREADS=1")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # already one thread: nothing to gain
+    assert machine.busy_cpu_note() is None
+
+
+@pytest.mark.skipif(not machine.os.path.exists("/proc/stat"), reason="Linux's /proc/stat only")
+def test_the_busy_cpu_note_speaks_under_a_real_busy_loop(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: machine.os.cpu_count())
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(machine.os.cpu_count())]  # every core, whatever else runs
+    try:
+        note = machine.busy_cpu_note(seconds=0.5)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert note is not None and "OMP_NUM_THREADS=1" in note
