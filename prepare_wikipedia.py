@@ -1,65 +1,443 @@
 """
-Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nanoGPT layout).
+Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nanoGPT's layout).
 
     python prepare_wikipedia.py                       # the write-ups' text (179 MB), tokenized
     python prepare_wikipedia.py --tokens              # their token files (85 MB), no tokenizer
     python prepare_wikipedia.py --dataset=writeup --input wikipedia.txt  # their text, saved by hand
-    python prepare_wikipedia.py --dataset wikitext2   # WikiText-2 raw (4.7 MB), a first CPU run
-    python prepare_wikipedia.py --dataset wikitext103 --split=writeup  # WikiText-103, their regime
-    python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip         # a zip saved by hand
-    python prepare_wikipedia.py --input notes.txt --val held_out.txt  # your own text, val named
+    python prepare_wikipedia.py --dataset=wikitext2   # WikiText-2 raw (4.7 MB), a first CPU run
+    python prepare_wikipedia.py --dataset=wikitext103 --split=writeup  # WikiText-103, their regime
+    python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip          # a zip saved by hand
+    python prepare_wikipedia.py --input notes.txt --val held_out.txt   # your own text
 
-It writes train.bin and val.bin (read them with np.memmap(path, dtype=np.uint16, mode='r')) and
-meta.json to --out_dir (data/wikipedia; data/wikitext103 and data/wikitext2 for those datasets), and
-keeps the download there for the next run. The write-ups (Future Attention and the Auto-regressive
-Encoder-Decoder Transformer, GitHub yiphei/yif-AI) trained on the Wikipedia text of that repository:
-with it, losses compare with their tables. docs/data.md says what is checked, how the text is cut
-into documents and splits, how the files are written, and how to work offline.
+It writes train.bin, val.bin (np.memmap(path, dtype=np.uint16, mode='r') reads them) and
+meta.json to --out_dir, and keeps the download there for the next run. The write-ups (GitHub
+yiphei/yif-AI) trained on their own Wikipedia text: with it, losses compare with their tables.
+docs/data.md says what is checked, how text becomes documents and splits, and how to work offline.
 """
 import argparse
 import collections
 import concurrent.futures
 import contextlib
 import datetime
+import errno
 import functools
+import hashlib
+import io
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
+import socket
+import ssl
 import sys
 import tempfile
 import time
+import zipfile
+from urllib.parse import urlparse
 
 import numpy as np
+import requests
 import tiktoken
+import urllib3
+from requests.adapters import HTTPAdapter
 
-from lib import cli, data, fetch, prepare_io
+from configurator import ConfigError, Stopped, UserError, say, script
 
-
-WRITEUP = "writeup"  # the default --dataset: the write-ups' text and split (pinned in lib/fetch.py)
-WRITEUP_OUT_DIR = data.DEFAULT_DATA_DIR  # where train.py looks by default; --input's default too
+WRITEUP = "writeup"  # the default --dataset: the write-ups' own text, split and tokens
+DEFAULT_DATA_DIR = "data/wikipedia"  # where train.py looks by default
+OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a whole set
+NOTHING_REPLACED = "no output written under the final names"  # what a failed run leaves
 # The characters read ahead of the tokens written: all that memory holds, whatever the text.
 READ_AHEAD_CHARS = 1_000_000
-OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a complete set
-# What an interrupted or failed run leaves.
-NOTHING_REPLACED = "no output written under the final names"
-# the write-ups' training text and their val text, which followed it, in GPT-2 tokens
-WRITEUP_TRAIN_TOKENS, WRITEUP_VAL_TOKENS = fetch.WRITEUP_TOKENS
+PROGRESS_S = 10  # Long work says how far it got every this many seconds.
+# The write-ups' training text and their val text, which followed it, in GPT-2 tokens.
+WRITEUP_TRAIN_TOKENS, WRITEUP_VAL_TOKENS = 38_276_830, 4_341_780
 WRITEUP_RUN_TOKENS = 1_440_000_000  # config/future50_mse.py: 9,000 steps of 50 x 16 x 200 tokens
 # train.py estimates the val loss on random windows of val.bin: with fewer tokens the windows
 # overlap, and fewer documents are few topics.
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
+# --------------------------------------------------------------------------- what is fetched
+
+Pinned = collections.namedtuple("Pinned", "urls size sha256")  # a file, and where it is served
+# The write-ups' data: the folder datasets/wikipedia of GitHub yiphei/yif-AI at one commit, in Git
+# LFS; each size and sha256 is the one its Git LFS pointer gives.
+WRITEUP_COMMIT = "55c3ac37884aef0e3a938337bcbae2b0a26c9cb5"
+
+
+def served(name):
+    """Where GitHub serves a Git LFS file of that folder: its LFS host, then the raw address that
+    redirects there."""
+    path = f"{WRITEUP_COMMIT}/datasets/wikipedia/{name}"
+    return (f"https://media.githubusercontent.com/media/yiphei/yif-AI/{path}",
+            f"https://github.com/yiphei/yif-AI/raw/{path}")
+
+
+WRITEUP_FILES = {name: Pinned(served(name), size, sha256) for name, size, sha256 in [
+    ("wikipedia.txt", 178_723_194,
+     "be17913eb060032dacc0155670c999d97e8ba57fd45135fe11b1a56c1b6d7bbf"),
+    ("wikipedia_train.bin", 76_553_660,
+     "eca4058f7bd8d508bfa8930f092fadffaa5d0b05b14dc6d3c0edc561348f4de1"),
+    ("wikipedia_val.bin", 8_683_560,
+     "93890178ee863dc019a8018eb99af7d2ec1385b4f340ae1e66d14a567accca09")]}
+# A published WikiText raw zip: its file name (kept in --out_dir for the next run), the URLs that
+# serve it, its size and sha256, the default --out_dir, and the default of --detokenize.
+Dataset = collections.namedtuple("Dataset", "file urls size sha256 out_dir detokenize")
+DATASETS = {
+    "wikitext103": Dataset(  # 103M words of Wikipedia, about 118M GPT-2 tokens of training text
+        file="wikitext-103-raw-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
+              "https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/"
+              "wikitext-103-raw-v1.zip"),
+        size=191_984_949, sha256="91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794",
+        out_dir="data/wikitext103", detokenize=False),
+    # for a first run on a CPU; detokenized, so that a tiny model's samples read as text
+    "wikitext2": Dataset(
+        file="wikitext-2-raw-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+              "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip"),
+        size=4_721_645, sha256="ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
+        out_dir="data/wikitext2", detokenize=True),
+}
+USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
+ATTEMPTS = 5  # requests per URL
+# The answers worth another attempt; another 4xx would come again.
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# urllib3 waits 0, 2, 4, 8 ... s between attempts, or what the server's Retry-After asks.
+BACKOFF_S = 1.0
+# What GitHub sends for a Git LFS file it does not serve (the owner's quota spent, the file gone).
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+LFS_SENT = ("the server sent a Git LFS pointer, not the file: GitHub does not serve it now (its "
+            "owner's LFS quota spent, or the file gone)")
+
+
+# --------------------------------------------------------------------------- downloads
+
+class DownloadError(UserError):
+    """A URL that did not give the file; the next URL may."""
+
+
+class Offline(DownloadError):
+    """A host name that does not resolve: offline, every URL fails the same way."""
+
+
+def cause(error):
+    """The innermost cause of error: requests wraps urllib3's error, which wraps the socket's."""
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return error
+
+
+class Retry(urllib3.util.Retry):
+    """urllib3's retries, each failed attempt said in one line; none for an unknown host name or a
+    failed TLS handshake, which would fail the same way again."""
+
+    def increment(self, method=None, url=None, response=None, error=None, _pool=None,
+                  _stacktrace=None):
+        reason = cause(error) if error else None
+        if isinstance(reason, socket.gaierror):
+            raise Offline(f"cannot reach {_pool.host}")
+        if isinstance(reason, ssl.SSLError):
+            raise DownloadError(f"SSL error ({reason})")
+        retry = super().increment(method, url, response, error, _pool, _stacktrace)
+        wait = (response and retry.get_retry_after(response)) or retry.get_backoff_time()
+        problem = f"HTTP {response.status}" if response else f"{type(reason).__name__}: {reason}"
+        say(f"{_pool.host}: attempt {len(retry.history)} of {ATTEMPTS} failed: {problem}; "
+            f"retrying in {wait:g} s")
+        return retry
+
+
+def http_session():
+    """The session of the downloads: urllib3 makes up to ATTEMPTS requests per URL."""
+    session = requests.Session()
+    retry = Retry(total=ATTEMPTS - 1, status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S,
+                  raise_on_status=False)
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, HTTPAdapter(max_retries=retry))
+    # The identity encoding makes byte counts and ranges refer to the file itself.
+    session.headers.update({"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
+    return session
+
+
+def download(session, url, part, size):
+    """Stream url into the file part, resuming from what it holds with an HTTP Range request. The
+    session retries a request until its body starts; a body cut half-way is resumed here."""
+    host = urlparse(url).hostname
+    for _ in range(ATTEMPTS):
+        done = os.path.getsize(part) if os.path.exists(part) else 0
+        if done >= size:
+            return  # An earlier run stopped before the rename; the sha256 check follows.
+        try:  # It waits 10 s to connect, and 60 s between two reads.
+            response = session.get(url, headers={"Range": f"bytes={done}-"} if done else None,
+                                   stream=True, timeout=(10, 60))
+        except requests.RequestException as e:  # Timeouts or refused connections went on.
+            reason = cause(e)
+            raise DownloadError(f"gave up after {ATTEMPTS} attempts: "
+                                f"{type(reason).__name__}: {reason}") from None
+        with response:
+            if response.status_code == 416:  # The part is longer than the file: start over.
+                os.remove(part)
+                continue
+            if not response.ok:
+                raise DownloadError(f"HTTP {response.status_code} {response.reason}")
+            if response.status_code == 200:
+                done = 0  # The server ignored Range and sends the whole file.
+            start, length = done, response.headers.get("Content-Length")
+            if length and start + int(length) != size:
+                if response.raw.read(len(LFS_POINTER)) == LFS_POINTER:
+                    raise DownloadError(LFS_SENT)
+                raise DownloadError(f"the server offers {start + int(length):,} bytes, "
+                                    f"expected {size:,}")
+            with open(part, "ab" if start else "wb") as f:
+                progress = Progress()
+                # A dropped connection is resumed below.
+                with contextlib.suppress(requests.RequestException):
+                    for chunk in response.iter_content(chunk_size=1 << 16):
+                        done += f.write(chunk)
+                        if progress.due():
+                            mb_s = (done - start) / 1e6 / (time.time() - progress.t0)
+                            say(f"{host}: {done:,} of {size:,} bytes, {mb_s:.1f} MB/s")
+        if done >= size:
+            return
+        if start == 0 and starts_with(part, LFS_POINTER):  # It came without its length.
+            os.remove(part)
+            raise DownloadError(LFS_SENT)
+        say(f"{host}: connection closed after {done:,} of {size:,} bytes; resuming")
+    raise DownloadError(f"gave up after {ATTEMPTS} attempts: the connection closed after "
+                        f"{done:,} of {size:,} bytes")
+
+
+def fetch(pinned, path, hint):
+    """Make path hold the pinned file (its urls, size and sha256): one kept from an earlier run, or
+    a download from the first URL that gives it. hint: what to do when none does."""
+    if os.path.exists(path):  # Only a file that passed is renamed there, unless the user put it.
+        problem = wrong_bytes(path, pinned)
+        if problem:
+            raise UserError(f"{path} {problem}: not the file expected; HINT: move it away (it is "
+                            "left as it is), and run again to download it")
+        print(f"using {path}, downloaded before (its sha256 checked)")
+        return path
+    failures, part = [], path + ".part"
+    # A failed write is not the server's fault: it ends the run (the next one resumes) rather than
+    # trying another URL.
+    with (http_session() as session,
+          writing(part, after_failure="the next run resumes the download")):
+        for url in pinned.urls:
+            say(f"downloading {url} ({pinned.size:,} bytes)")
+            try:
+                download(session, url, part, pinned.size)
+            except Offline as e:
+                raise UserError(f"{e}: offline? {hint}") from None
+            except DownloadError as e:
+                failures.append(f"{url}: {e}")
+                continue
+            problem = wrong_bytes(part, pinned)
+            if problem is None:
+                os.replace(part, path)
+                return path
+            os.remove(part)  # It may hold two sources' bytes: the next run starts over.
+            failures.append(f"{url}: {part} {problem}; deleted it")
+    raise UserError(f"could not download {os.path.basename(path)}: {'; '.join(failures)}; "
+                    f"HINT: {hint}")
+
+
+def wrong_bytes(path, pinned):
+    """What is wrong with the file at path as a phrase, or None when it is the pinned file."""
+    if os.path.getsize(path) != pinned.size:
+        return f"has {os.path.getsize(path):,} bytes, expected {pinned.size:,}"
+    digest = sha256_of(path)
+    return None if digest == pinned.sha256 else f"has sha256 {digest}, not {pinned.sha256}"
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def starts_with(path, head):
+    with open(path, "rb") as f:
+        return f.read(len(head)) == head
+
+
+# --------------------------------------------------------------------------- reading the text
+
+# A document starts at a top-level heading: it fullmatches " = Title = ", not " = = Section = = ".
+HEADING = re.compile(r"\s*= [^=].* =\s*")
+MAX_DOC_CHARS = 1_000_000  # On text without headings, a document ends past this many characters.
+WRITEUP_TRAIN_SHARE = 0.9  # Their train is the first 90% of their text's characters.
+PIECE_CHARS = 1 << 16  # Their text goes to the tokenizer in pieces of about this many characters.
+# The last place in a text where a piece may end: after a character other than whitespace, before
+# a space or a newline. Python's \S refuses every character that str.isspace() accepts, which are
+# all those that tiktoken's \s matches (Unicode's White_Space) and a few more.
+LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
+
+
+def text_lines(f, name):
+    """The lines of the binary file f as text mode reads them (\\r\\n and a lone \\r become \\n),
+    a quarter MB at a time. A byte that is not UTF-8, or a NUL (binary files hold them), is
+    refused with its offset."""
+    offset = 0  # This many bytes of f come before this block.
+    while lines := f.readlines(1 << 18):
+        block = b"".join(lines)
+        bad = block.find(b"\0")
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = e.start if bad < 0 else min(bad, e.start)
+        if bad >= 0:
+            raise UserError(f"{name} is not UTF-8 text: byte {offset + bad:,} is "
+                            f"0x{block[bad]:02x}; HINT: give text files only, converted to UTF-8 "
+                            "(`iconv -f latin1 -t utf-8` for Latin-1 text)")
+        yield from io.StringIO(text, newline=None)  # It splits at a lone \r too.
+        offset += len(block)
+
+
+def read_documents(lines):
+    """The documents of text lines: a new one starts at each top-level ' = Title = ' heading."""
+    doc, size = [], 0
+    for line in itertools.chain(lines, [None]):  # The None ends the last document.
+        # A heading starts a document; past MAX_DOC_CHARS, so does the line after a blank one.
+        long_enough = size >= MAX_DOC_CHARS and doc[-1].isspace()
+        if doc and (line is None or HEADING.fullmatch(line) or long_enough):
+            text = "".join(doc)
+            if text.strip():
+                yield text
+            doc, size = [], 0
+        if line is not None:
+            doc.append(line)
+            size += len(line)
+
+
+def file_documents(paths):
+    """The documents of several text files, in order."""
+    for path in paths:
+        with open(path, "rb") as f:
+            yield from read_documents(text_lines(f, path))
+
+
+def zip_documents(zip_path, member):
+    """The documents of a WikiText zip's file called member (wiki.train.raw, wiki.valid.raw)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        name = next(n for n in zf.namelist() if os.path.basename(n) == member)
+        with zf.open(name) as f:  # It is decompressed as it is read.
+            yield from read_documents(text_lines(f, f"{zip_path}:{name}"))
+
+
+def input_splits(paths, val_paths, val_fraction):
+    """(train docs, val docs) of --input files: the val files if named, else the last documents."""
+    val_paths = named_val_files(paths, val_paths)
+    if val_paths:
+        return file_documents([p for p in paths if p not in val_paths]), file_documents(val_paths)
+    n_docs = sum(1 for _ in file_documents(paths))  # A first pass finds where val begins.
+    if n_docs < 2:
+        raise UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold "
+                        "some out for val; HINT: start articles with ` = Title = ` lines, or name "
+                        "val files with --val")
+    docs = file_documents(paths)
+    train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
+    return train_docs, docs  # val goes on with the same read, after train's documents
+
+
+def named_val_files(paths, val_paths):
+    """The --val files, else an --input file named exactly wiki.valid.raw (not invalid.txt)."""
+    return val_paths or [p for p in paths if os.path.basename(p) == "wiki.valid.raw"]
+
+
+def detokenize(text):
+    """WikiText's tokenized text back to ordinary text, line by line; for example
+
+         = Robert Boulter =                                 Robert Boulter
+         = = Early life = =                             ->  Early life
+         He had a guest @-@ starring role ( 2000 ) .        He had a guest-starring role (2000).
+         The show 's 1 @,@ 000 " best " of 3 @.@ 5 , and    The show's 1,000 "best" of 3.5, and
+
+    Each rule asks for WikiText's pattern, a space on both sides of a mark and at both ends of a
+    line, so ordinary prose and code pass unchanged; text that spaces its own marks that way (French
+    `Attention !`, C's `a ? b : c`) would be changed: leave --detokenize off for it.
+    """
+    # Each lookbehind comes after its literal, which the regex engine finds quickly; (?<!\S)\( is
+    # slow.
+    text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)
+    text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)
+    text = re.sub(r" @([-,.])@ ", r"\1", text)
+    text = re.sub(r'" (?<!\S" )([^"\n]*?) "(?!\S)', r'"\1"', text)
+    text = re.sub(r" '(s|t|re|ve|ll|d|m)\b", r"'\1", text)
+    text = re.sub(r" '(?<=s ')(?= )", "'", text)
+    text = re.sub(r"\( (?<!\S\( )", "(", text)
+    return re.sub(r" ([,.;:!?)])(?=\s|$)", r"\1", text)
+
+
+def text_between(path, start, stop):
+    """Characters start to stop of the text at path as the write-ups read it, with Python's text
+    mode (UTF-8; \\r\\n and \\r become \\n), in blocks of at most PIECE_CHARS characters."""
+    position = 0  # This many characters come before this block.
+    with open(path, encoding="utf-8") as f:
+        try:
+            while position < stop and (block := f.read(PIECE_CHARS)):
+                yield block[max(start - position, 0):stop - position]
+                position += len(block)
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason}, after {position:,} "
+                            "characters); HINT: convert it to UTF-8 first") from None
+
+
+def writeup_parts(path):
+    """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups
+    split theirs (datasets/prepare_data.py of yiphei/yif-AI): train is the first int(n * 0.9) of its
+    n characters, val the rest, each tokenized as one string, which its pieces tokenize alike."""
+    n = sum(map(len, text_between(path, 0, sys.maxsize)))  # A first pass counts the characters.
+    cut = int(n * WRITEUP_TRAIN_SHARE)
+    return [("train", pieces(text_between(path, 0, cut))),
+            ("val", pieces(text_between(path, cut, n)))]
+
+
+def pieces(blocks):
+    """The text of blocks in pieces of about PIECE_CHARS characters, each ending where LAST_CUT
+    says. GPT-2's pre-tokenizer splits there anyway, and what it makes of either side does not
+    depend on the other, so the tokens of the pieces, concatenated, are encode_ordinary's of the
+    whole text (docs/data.md says why; tested)."""
+    text = ""
+    for block in blocks:
+        text += block
+        if len(text) >= PIECE_CHARS and (cut := LAST_CUT.match(text)):
+            yield text[:cut.end()]
+            text = text[cut.end():]
+    if text:
+        yield text
+
+
 # --------------------------------------------------------------------------- tokenize and write
+
+def check_tokenizer():
+    """Load tiktoken's GPT-2 BPE files, which it downloads on first use; refuse a tiktoken too old
+    to give encode_ordinary's tokens as an array."""
+    try:
+        encoding = tiktoken.get_encoding("gpt2")
+    except Stopped:
+        raise
+    except Exception as e:  # Offline, tiktoken raises a long error of urllib3.
+        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken "
+                        "downloads its files once; offline, point TIKTOKEN_CACHE_DIR to a cache "
+                        "filled elsewhere (docs/data.md, Offline)") from None
+    # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded a special token's text as the
+    # token itself.
+    special = "<|endoftext|>"  # In a text, these are ordinary characters.
+    if (not hasattr(encoding, "encode_to_numpy")
+            or encoding.encode_to_numpy(special, disallowed_special=()).tolist()
+            != encoding.encode_ordinary(special)):
+        raise UserError(f"tiktoken {tiktoken.__version__} is too old for prepare_wikipedia.py, "
+                        "which needs 0.11 or later; HINT: pip install -U 'tiktoken>=0.11'")
+
 
 def groups(docs, detokenize_first, group_chars):
     """The documents (detokenized if asked) in lists of about group_chars characters: one task of
     a tokenizer thread each, for fewer hand-overs between threads than a task per document."""
     group, size = [], 0
     for doc in docs:
-        group.append(fetch.detokenize(doc) if detokenize_first else doc)
+        group.append(detokenize(doc) if detokenize_first else doc)
         size += len(group[-1])
         if size >= group_chars:
             yield group
@@ -69,35 +447,36 @@ def groups(docs, detokenize_first, group_chars):
 
 
 def encoded_documents(docs, num_threads, detokenize_first, end_of_text=True):
-    """(tokens, chars, bytes) of each document, in order, its tokens ending with <|endoftext|> if
+    """(tokens, characters) of each document, in order, its tokens ending with <|endoftext|> if
     end_of_text. tiktoken encodes them on num_threads threads (its Rust encoder releases the GIL)
     while this thread reads the documents ahead, up to READ_AHEAD_CHARS characters, and writes
     those behind."""
     enc = tiktoken.get_encoding("gpt2")
-    assert enc.max_token_value < 2**16  # 50,257 token ids: uint16 holds them
+    assert enc.max_token_value < 2**16  # uint16 holds GPT-2's 50,257 token ids.
     ends = [np.array([enc.eot_token])] if end_of_text else []
 
-    def encode(texts):  # on a tokenizer thread; encode_to_numpy, with no special token allowed or
-        # refused, gives encode_ordinary's ids as an array, not a Python int per token: 20% faster
+    def encode(texts):  # This runs on a tokenizer thread.
+        # encode_to_numpy, with no special token allowed or refused, gives encode_ordinary's ids
+        # as an array rather than a Python int per token: 20% faster.
         return [np.concatenate((enc.encode_to_numpy(text, disallowed_special=()), *ends),
-                               dtype=np.uint16, casting="unsafe")  # uint32 to uint16: the ids fit
+                               dtype=np.uint16, casting="unsafe")
                 for text in texts]
 
-    in_flight, chars = collections.deque(), 0  # (texts, their tokens to come), oldest first
+    in_flight, chars = collections.deque(), 0  # It holds (texts, their tokens), oldest first.
     pool = concurrent.futures.ThreadPoolExecutor(num_threads)
-    # 4 groups a thread in flight: each thread has the next at hand while this one writes.
+    # Four groups a thread are in flight, so that each thread has the next at hand while this one
+    # writes.
     group_chars = READ_AHEAD_CHARS // (4 * num_threads)
     try:
         for texts in itertools.chain(groups(docs, detokenize_first, group_chars), [None]):
-            if texts is not None:  # None: the end, which empties in_flight
+            if texts is not None:  # The None at the end empties in_flight.
                 in_flight.append((texts, pool.submit(encode, texts)))
                 chars += sum(map(len, texts))
             while in_flight and (texts is None or chars >= READ_AHEAD_CHARS):
                 done, tokens = in_flight.popleft()
                 chars -= sum(map(len, done))
-                for text, ids in zip(done, tokens.result()):
-                    yield ids, len(text), len(text.encode())
-    finally:  # at the end, or as the run stops: the groups not yet begun are dropped
+                yield from zip(tokens.result(), map(len, done))
+    finally:  # At the end, or as the run stops, the groups not yet begun are dropped.
         pool.shutdown(cancel_futures=True)
 
 
@@ -105,337 +484,375 @@ def write_split(encoded, path, name, tokens_asked=None):
     """Stream encoded documents into path; return (stats, left over). With tokens_asked it stops at
     the document boundary nearest that count (at least one document): a document that would
     overshoot by more than stopping before it undershoots is left over, returned unwritten."""
-    stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0, "bytes": 0,
+    stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0,
              "max_token_id": 0}
     left_over = []
-    with prepare_io.writing(path, after_failure=NOTHING_REPLACED):
-        with open(path, "wb") as f, prepare_io.Progress() as progress:
-            for tokens, n_chars, n_bytes in encoded:
+    with writing(path, after_failure=NOTHING_REPLACED):
+        with open(path, "wb") as f:
+            progress = Progress()
+            for tokens, n_chars in encoded:
                 if tokens_asked and stats["documents"]:
-                    # undershoot > 0, since the loop stops once the count is reached
+                    # The undershoot is above 0, since the loop stops once the count is reached.
                     undershoot = tokens_asked - stats["tokens"]
                     if stats["tokens"] + len(tokens) - tokens_asked > undershoot:
-                        left_over.append((tokens, n_chars, n_bytes))
+                        left_over.append((tokens, n_chars))
                         break
                 f.write(tokens)
                 stats.update(tokens=stats["tokens"] + len(tokens), documents=stats["documents"] + 1,
-                             chars=stats["chars"] + n_chars, bytes=stats["bytes"] + n_bytes,
+                             chars=stats["chars"] + n_chars,
                              max_token_id=max(stats["max_token_id"], int(tokens.max())))
-                mb = stats["bytes"] / 1e6
-                of_asked = f" of {tokens_asked / 1e6:.2f}M" if tokens_asked else ""
-                progress.show(f"{name}: {mb:.1f} MB of text, "
-                              f"{stats['tokens'] / 1e6:.2f}M{of_asked} tokens, "
-                              f"{mb / max(time.time() - progress.t0, 1e-9):.1f} MB/s")
+                if progress.due():
+                    of_asked = f" of {tokens_asked:,}" if tokens_asked else ""
+                    rate = stats["tokens"] / (time.time() - progress.t0)
+                    say(f"{name}: {stats['tokens']:,}{of_asked} tokens, {rate:,.0f} tokens/s")
                 if tokens_asked and stats["tokens"] >= tokens_asked:
                     break
-        stats["sha256"] = data.sha256_of(path)  # of the bytes on disk, read back
+        stats["sha256"] = sha256_of(path)  # It reads back the bytes on disk.
     return stats, left_over
 
 
-def write_splits(train_docs, val_docs, temps, num_threads, detokenize_first,
-                 train_tokens, val_tokens):
+def write_splits(train_docs, val_docs, args, temps):
     """Tokenize and write both splits; val_docs None means val is the text that follows train."""
-    train_encoded = encoded_documents(train_docs, num_threads, detokenize_first)
-    train, left_over = write_split(train_encoded, temps["train.bin"], "train", train_tokens)
+    train_encoded = encoded_documents(train_docs, args.threads, args.detokenize)
+    train, left_over = write_split(train_encoded, temps["train.bin"], "train", args.train_tokens)
     if train["documents"] == 0:
-        raise cli.UserError("the train split has no text; HINT: give more text")
-    if val_docs is None:  # the same read goes on
+        raise UserError("the train split has no text; HINT: give more text")
+    if val_docs is None:  # Val goes on with the same read.
         val_encoded = itertools.chain(left_over, train_encoded)
     else:
-        val_encoded = encoded_documents(val_docs, num_threads, detokenize_first)
-    val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", val_tokens)
+        val_encoded = encoded_documents(val_docs, args.threads, args.detokenize)
+    val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", args.val_tokens)
     if val_docs is None and val["documents"] == 0:
-        raise cli.UserError(f"the text ran out: train took {train['tokens']:,} tokens "
-                            f"({train_tokens:,} asked) and left nothing for val; "
-                            "HINT: give more text, or lower --train_tokens")
+        raise UserError(f"the text ran out: train took {train['tokens']:,} tokens "
+                        f"({args.train_tokens:,} asked) and left nothing for val; "
+                        "HINT: give more text, or lower --train_tokens")
     if val["documents"] == 0:
-        raise cli.UserError("the val split has no text; "
-                            "HINT: give more text, or name val files with --val")
+        raise UserError("the val split has no text; "
+                        "HINT: give more text, or name val files with --val")
     # Val came out short, and nothing was read past it.
-    if val_docs is None and val["tokens"] < val_tokens and not val_left_over:
-        print(f"warning: the text ran out: val has {val['tokens']:,} "
-              f"of the {val_tokens:,} tokens asked "
-              f"(train has {train['tokens']:,} of {train_tokens:,})", file=sys.stderr)
+    if val_docs is None and val["tokens"] < args.val_tokens and not val_left_over:
+        say(f"warning: the text ran out: val has {val['tokens']:,} of the {args.val_tokens:,} "
+            f"tokens asked (train has {train['tokens']:,} of {args.train_tokens:,})")
     return {"train": train, "val": val}
 
 
-def writeup_splits(path, threads, compare):
-    """A write_into for prepare: the write-ups' splits of their text at path (fetch.writeup_parts),
-    each encoded as one string would be. compare: refuse tokens other than their token files'."""
-    def write_into(temps):
-        splits = {}
-        for name, text in fetch.writeup_parts(path):
-            encoded = encoded_documents(text, threads, detokenize_first=False, end_of_text=False)
-            splits[name], _ = write_split(encoded, temps[f"{name}.bin"], name)
-            del splits[name]["documents"]  # pieces of the text, not documents
-            if not splits[name]["tokens"]:
-                raise cli.UserError(f"{path} is too short to split; HINT: give the write-ups' text")
-        if compare:
-            ours = {name: split["sha256"] for name, split in splits.items()}
-            fetch.check_identical(ours, NOTHING_REPLACED)
-        return splits
-    return write_into
+def write_writeup_splits(path, threads, compare, temps):
+    """The write-ups' splits of their text at path, each encoded as one string would be. compare:
+    refuse tokens other than those of their token files."""
+    splits = {}
+    for name, text in writeup_parts(path):
+        encoded = encoded_documents(text, threads, detokenize_first=False, end_of_text=False)
+        splits[name], _ = write_split(encoded, temps[f"{name}.bin"], name)
+        del splits[name]["documents"]  # They were pieces of one text, not documents.
+        if not splits[name]["tokens"]:
+            raise UserError(f"{path} is too short to split; HINT: give the write-ups' text")
+    for name, split in splits.items():
+        theirs = WRITEUP_FILES[f"wikipedia_{name}.bin"].sha256
+        if compare and split["sha256"] != theirs:
+            raise UserError(f"{name}.bin differs from the write-ups' wikipedia_{name}.bin: sha256 "
+                            f"{split['sha256']}, theirs {theirs}; {NOTHING_REPLACED}; HINT: "
+                            "--tokens fetches their token files directly")
+    if compare:
+        print("identical to the write-ups' own token files "
+              "(wikipedia_train.bin, wikipedia_val.bin)")
+    return splits
 
 
-def prepare(write_into, args, source, t0):
-    """Write train.bin, val.bin and meta.json into args.out_dir, each under a temporary name first:
-    write_into(temps) writes the .bin files there and returns their stats; meta.json records them,
-    the settings of args and the data's source."""
-    finals = {name: os.path.join(args.out_dir, name) for name in OUTPUTS}
-    temps = {name: path + ".tmp" for name, path in finals.items()}
+def copy_token_files(paths, temps):
+    """Copy the write-ups' token files paths["train"] and paths["val"] to train.bin and val.bin."""
+    splits = {}
+    for split, path in paths.items():
+        temp = temps[f"{split}.bin"]
+        with writing(temp, after_failure=NOTHING_REPLACED):
+            shutil.copyfile(path, temp)
+        tokens = np.memmap(temp, dtype=np.uint16, mode="r")
+        splits[split] = {"tokens": len(tokens), "max_token_id": int(tokens.max()),
+                         "sha256": sha256_of(temp)}
+    return splits
+
+
+class Progress:
+    """When long work says how far it got: a line on stderr every PROGRESS_S seconds, the first
+    after one interval, so that each line reports work done."""
+
+    def __init__(self):
+        self.t0 = self.last = time.time()
+
+    def due(self):
+        if time.time() - self.last < PROGRESS_S:
+            return False
+        self.last = time.time()
+        return True
+
+
+# What to do when a write fails, by errno.
+ADVICE = {errno.ENOSPC: "free some space, or write to another disk",
+          errno.EACCES: "check the folder's permissions, or write elsewhere",
+          errno.EROFS: "the file system is read-only: write elsewhere"}
+
+
+@contextlib.contextmanager
+def writing(path, after_failure=None):
+    """An OSError while writing (or renaming to) path ends the run with one line that says what to
+    do, and after_failure: what the failure left."""
     try:
-        splits = write_into(temps)
+        yield
+    except OSError as e:
+        name = e.filename2 or e.filename or path  # A failed write() names no file, a rename two.
+        cause = e.strerror.lower() if e.strerror else e
+        advice = ADVICE.get(e.errno, "check the disk and the path")
+        problem = f"cannot write {name}: {cause}; {advice}"
+        raise UserError(f"{problem}; {after_failure}" if after_failure else problem) from None
+
+
+# --------------------------------------------------------------------------- the data asked for
+
+def writeup_data(args):
+    """(meta.json's source, a function that writes train.bin and val.bin given their temporary
+    paths) for the write-ups' own data: their token files, or their text."""
+    out_dir = f" --out_dir {args.out_dir}" if args.out_dir != DEFAULT_DATA_DIR else ""
+    by_hand = (f"save {WRITEUP_FILES['wikipedia.txt'].urls[0]} by hand and run `python "
+               f"prepare_wikipedia.py --dataset=writeup --input wikipedia.txt{out_dir}`")
+    source = {"dataset": WRITEUP, "commit": WRITEUP_COMMIT}
+    if args.tokens:
+        paths = {}
+        for split in ("train", "val"):
+            name = f"wikipedia_{split}.bin"
+            paths[split] = fetch(WRITEUP_FILES[name], os.path.join(args.out_dir, name), by_hand)
+        return {**source, "token_files": list(paths.values())}, functools.partial(
+            copy_token_files, paths)
+    if args.input:
+        path, digest = args.input[0], sha256_of(args.input[0])
+        if starts_with(path, LFS_POINTER):
+            raise UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in "
+                            "your clone of yiphei/yif-AI, or drop --input to download it")
+    else:
+        pinned = WRITEUP_FILES["wikipedia.txt"]
+        path = fetch(pinned, os.path.join(args.out_dir, "wikipedia.txt"), by_hand)
+        digest = pinned.sha256
+    theirs = digest == WRITEUP_FILES["wikipedia.txt"].sha256
+    if not theirs:
+        say(f"warning: {path} is not the write-ups' wikipedia.txt (sha256 {digest}): it is "
+            "tokenized their way, but its tokens will not be theirs, and are not compared")
+    source = {**source, "text": path, "sha256": digest}
+    return source, functools.partial(write_writeup_splits, path, args.threads, theirs)
+
+
+def document_data(args):
+    """writeup_data for text read in documents: a WikiText zip, or your own --input files."""
+    if args.input:
+        source = {"input": args.input, "val": args.val} if args.val else args.input
+        train_docs, val_docs = ((file_documents(args.input), None) if args.split == "writeup"
+                                else input_splits(args.input, args.val, args.val_fraction))
+    else:
+        dataset = DATASETS[args.dataset]
+        if args.zip:
+            zip_path = args.zip
+            if problem := wrong_bytes(zip_path, dataset):
+                raise UserError(f"{zip_path} {problem}: not the published {dataset.file}; HINT: "
+                                "add --dataset=wikitext2 if it is WikiText-2's zip; unzip a zip "
+                                "of your own and give its files with --input")
+        else:
+            hint = (f"save {dataset.urls[0]} by hand and add --zip {dataset.file} to this "
+                    "command")
+            zip_path = fetch(dataset, os.path.join(args.out_dir, dataset.file), hint)
+        source = {"dataset": args.dataset, "zip": zip_path, "sha256": dataset.sha256}
+        train_docs = zip_documents(zip_path, "wiki.train.raw")
+        val_docs = (None if args.split == "writeup"
+                    else zip_documents(zip_path, "wiki.valid.raw"))
+    return source, functools.partial(write_splits, train_docs, val_docs, args)
+
+
+def write_outputs(args, source, write):
+    """Write train.bin and val.bin (write(temps) writes them and returns their stats) and meta.json
+    into args.out_dir, each under a temporary name of this process first, then renamed."""
+    finals = {name: os.path.join(args.out_dir, name) for name in OUTPUTS}
+    temps = {name: f"{path}.{os.getpid()}.tmp" for name, path in finals.items()}
+    try:
+        splits = write(temps)
         passes = WRITEUP_RUN_TOKENS / splits["train"]["tokens"]
         now = datetime.datetime.now(datetime.timezone.utc)
         meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
                 "dataset": args.dataset, "split": args.split, "detokenize": args.detokenize,
-                "source": source, "max_chars": args.max_chars,
-                "passes_in_1.44B_tokens": round(passes, 2), **splits,
+                "source": source, "passes_in_1.44B_tokens": round(passes, 2), **splits,
                 "created": now.isoformat(timespec="seconds")}
-        with (prepare_io.writing(temps["meta.json"], after_failure=NOTHING_REPLACED),
-              open(temps["meta.json"], "w") as f):
+        with writing(temps["meta.json"], NOTHING_REPLACED), open(temps["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
-        # meta.json goes first and comes back last, so its presence marks a complete set: a failure
-        # up to here leaves an earlier set whole, one between the renames leaves a set without
-        # meta.json.
-        with (prepare_io.writing(finals["meta.json"], after_failure=NOTHING_REPLACED),
+        # meta.json goes first and comes back last, so its presence marks a whole set: a failure
+        # up to here leaves an earlier set whole, one between the renames a set without meta.json.
+        with (writing(finals["meta.json"], NOTHING_REPLACED),
               contextlib.suppress(FileNotFoundError)):
             os.remove(finals["meta.json"])
         incomplete = (f"{args.out_dir} is left without meta.json, "
                       "an incomplete set that the next run redoes")
         for name in OUTPUTS:
-            with prepare_io.writing(finals[name], after_failure=incomplete):
+            with writing(finals[name], after_failure=incomplete):
                 os.replace(temps[name], finals[name])
     finally:
         for path in temps.values():
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-    seconds, tokens = time.time() - t0, sum(s["tokens"] for s in splits.values())
-    mb = sum(s.get("bytes", 0) for s in splits.values()) / 1e6
-    for name, s in splits.items():
-        asked = f" ({s['tokens_asked']:,} asked)" if s.get("tokens_asked") else ""
-        counts = "".join(f", {s[key]:,} {key}" for key in ("chars", "documents") if key in s)
-        print(f"{name}: {s['tokens']:,} tokens{asked}{counts} -> {finals[name + '.bin']}")
+    for name, split in splits.items():
+        print(f"{name}: {split['tokens']:,} tokens -> {finals[name + '.bin']}")
     print(f"a run of {WRITEUP_RUN_TOKENS / 1e9:.2f}B tokens (the write-ups' 9,000 steps) makes "
-          f"{passes:.1f} passes over this training text")
-    text = f"{mb:.1f} MB of text at {mb / seconds:.1f} MB/s, " if mb else ""
-    print(f"done in {seconds:.1f} s: {text}{tokens / seconds / 1e6:.2f}M tokens/s")
-    return meta
-
-
-# --------------------------------------------------------------------------- the command line
-
-def check_settings(args):
-    """Refuse settings that contradict each other; fill in the defaults that depend on others."""
-    args.dataset_given = args.dataset is not None  # a --url with --dataset: a mirror of its zip
-    if args.val and not args.input:
-        raise cli.UserError("--val needs --input: it names the val files among local text")
-    others = args.input or args.zip or args.url  # without --dataset, each names other data
-    if args.dataset == WRITEUP or not (args.dataset_given or (others and not args.tokens)):
-        return check_writeup_settings(args)
-    if args.tokens:
-        raise cli.UserError("--tokens fetches the write-ups' token files: --dataset=writeup only")
-    args.split = args.split or "wikitext"
-    writeup = args.split == "writeup"
-    input_files = {os.path.realpath(p) for p in args.input or []}
-    both = input_files & {os.path.realpath(p) for p in args.val or []}
-    if both:
-        raise cli.UserError(f"{min(both)} is given to both --input and --val; "
-                            "HINT: name each file once, "
-                            "the training text with --input, the val text with --val")
-    for flag in ("val", "max_chars", "val_fraction"):
-        if writeup and getattr(args, flag) is not None:
-            raise cli.UserError(f"--{flag} does not apply to --split=writeup, which takes val "
-                                "from the text that follows train; "
-                                "HINT: size the splits with --train_tokens and --val_tokens")
-    if not writeup and (args.train_tokens is not None or args.val_tokens is not None):
-        raise cli.UserError("--train_tokens and --val_tokens need --split=writeup")
-    check_counts(args, ("train_tokens", "val_tokens", "max_chars", "threads", "retries"))
-    zip_flags = [flag for flag in ("dataset", "zip", "url", "sha256") if getattr(args, flag)]
-    if args.input and zip_flags:
-        raise cli.UserError(f"--{zip_flags[0]} names a zip to read, "
-                            "and --input names text files instead; HINT: give one of them")
-    if args.zip and args.url:
-        raise cli.UserError("--zip names a zip on disk, --url one to download; "
-                            "HINT: give one of them")
-    if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256):
-        raise cli.UserError(f"--sha256 must be 64 hexadecimal digits, got {args.sha256!r}")
-    if args.sha256 is not None and not (args.url or args.zip):
-        raise cli.UserError("--sha256 pins the zip of a --url or a --zip; "
-                            "the datasets' own downloads are checked "
-                            "against their published sha256 already; HINT: drop --sha256")
-    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
-        raise cli.UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-    args.sha256 = args.sha256 and args.sha256.lower()
-    args.dataset = args.dataset or (None if args.input else "wikitext103")  # --input: your own text
-    default_out_dir = fetch.DATASETS[args.dataset].out_dir if args.dataset else WRITEUP_OUT_DIR
-    args.out_dir = args.out_dir or default_out_dir
-    args.train_tokens = args.train_tokens or (WRITEUP_TRAIN_TOKENS if writeup else None)
-    args.val_tokens = args.val_tokens or (WRITEUP_VAL_TOKENS if writeup else None)
-    args.val_fraction = 0.005 if args.val_fraction is None else args.val_fraction
-    if args.detokenize is None:
-        args.detokenize = writeup or (not args.input and fetch.DATASETS[args.dataset].detokenize)
-
-
-def check_writeup_settings(args):
-    """check_settings for the write-ups' own data: their text and split, all set but where."""
-    given = [flag for flag in ("split", "val", "max_chars", "val_fraction", "train_tokens",
-                               "val_tokens", "detokenize", "zip", "url", "sha256")
-             if getattr(args, flag) is not None]
-    if given:
-        raise cli.UserError(f"--{given[0]} does not apply to the write-ups' own text and split "
-                            "(--dataset=writeup, the default); HINT: drop it, or add "
-                            "--dataset=wikitext103")
-    if args.tokens and args.input:
-        raise cli.UserError("--tokens fetches the write-ups' token files, --input tokenizes a copy "
-                            "of their text; HINT: give one of them")
-    if args.input and len(args.input) > 1:
-        raise cli.UserError("--dataset=writeup takes one --input file: their wikipedia.txt")
-    check_counts(args, ("threads", "retries"))
-    args.dataset, args.split, args.detokenize = WRITEUP, "writeup", False
-    args.out_dir = args.out_dir or WRITEUP_OUT_DIR
-
-
-def check_counts(args, flags):
-    """Refuse a count below 1 for any of flags."""
-    for flag in flags:
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise cli.UserError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
-
-
-def run(args):
-    """Find the data that args name (downloading it if need be), then prepare it in args.out_dir."""
-    left_by_a_killed_run = [os.path.join(args.out_dir, name + ".tmp") for name in OUTPUTS]
-    for path in left_by_a_killed_run:
-        if os.path.exists(path):
-            os.remove(path)
-            print(f"removed {path}, left by an interrupted run")
-    if not args.tokens:
-        fetch.check_tokenizer()  # fail before a long download, not after it
-    t0 = time.time()
-    fetch.check_readable((args.input or []) + (args.val or []))
-    if args.dataset == WRITEUP:
-        paths, source, pinned = fetch.writeup_source(args, WRITEUP_OUT_DIR)
-        t0 = time.time()  # the summary's speed is that of the text work, not of the download
-        write_into = (functools.partial(fetch.copy_token_files, paths) if args.tokens
-                      else writeup_splits(paths["text"], args.threads, compare=pinned))
-    elif args.input:
-        source = {"input": args.input, "val": args.val} if args.val else args.input
-        train_docs, val_docs = ((fetch.file_documents(args.input), None) if args.split == "writeup"
-                                else fetch.input_splits(args.input, args.val, args.val_fraction))
-    else:
-        zip_path, source = fetch.zip_source(args, fetch.DATASETS)
-        t0 = time.time()
-        train_docs = fetch.zip_documents(zip_path, "wiki.train.raw")
-        val_docs = (None if args.split == "writeup"
-                    else fetch.zip_documents(zip_path, "wiki.valid.raw"))
-    if args.dataset != WRITEUP:
-        def write_into(temps):
-            return write_splits(fetch.cap_chars(train_docs, args.max_chars), val_docs, temps,
-                                args.threads, args.detokenize, args.train_tokens, args.val_tokens)
-    meta = prepare(write_into, args, source, t0)
-    if args.dataset == WRITEUP:
-        if pinned:
-            print("identical to the write-ups' own token files "
-                  "(wikipedia_train.bin, wikipedia_val.bin)")
-    elif warning := small_val_warning(meta["val"], args):
-        print(warning, file=sys.stderr)
+          f"{passes:,.1f} passes over this training text")
     return meta
 
 
 def small_val_warning(val, args):
     """A warning naming the setting that grows val, when val is too small to estimate a loss on;
     else None."""
-    if val["tokens"] >= MIN_VAL_TOKENS and val["documents"] >= MIN_VAL_DOCUMENTS:
+    documents = val.get("documents")  # The write-ups' text is one text, of no documents.
+    if val["tokens"] >= MIN_VAL_TOKENS and (documents or MIN_VAL_DOCUMENTS) >= MIN_VAL_DOCUMENTS:
         return None
-    if args.split == "writeup":
+    if args.dataset == WRITEUP:
+        hint = "val is the last 10% of the text: give a longer text"
+    elif args.split == "writeup":
         hint = (f"raise --val_tokens (now {args.val_tokens:,}); "
                 "if the text ran out, give more or lower --train_tokens")
     elif not args.input:
-        hint = ("use a zip whose wiki.valid.raw holds more text, "
-                "or give text files with --input and --val")
-    elif fetch.named_val_files(args.input, args.val):
+        hint = "give more held-out text with --input and --val"
+    elif named_val_files(args.input, args.val):
         hint = "give more held-out text with --val"
     else:
         hint = ("name held-out files with --val, "
                 f"or raise --val_fraction (now {args.val_fraction:g})")
-    documents = "document" if val["documents"] == 1 else "documents"
-    return (f"warning: val has {val['tokens']:,} tokens in {val['documents']:,} {documents}: "
-            f"too few to estimate a loss (aim for {MIN_VAL_TOKENS:,}+ tokens "
-            f"and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
+    counted = f" in {documents:,} document{'s' * (documents != 1)}" if documents else ""
+    return (f"warning: val has {val['tokens']:,} tokens{counted}: too few to estimate a loss (aim "
+            f"for {MIN_VAL_TOKENS:,}+ tokens and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
+
+
+# --------------------------------------------------------------------------- the command line
+
+def check_settings(args):
+    """Refuse flags that do not apply to the data asked for, or that contradict each other; fill
+    in the defaults that depend on others."""
+    if args.val and not args.input:
+        raise ConfigError("--val needs --input: it names the val files among your text files")
+    if args.dataset is None and (args.tokens or not (args.input or args.zip)):
+        args.dataset = WRITEUP
+    elif args.dataset is None and args.zip:
+        args.dataset = "wikitext103"  # A --zip is WikiText-103's; --input alone is your own.
+    if args.tokens and args.dataset != WRITEUP:
+        raise ConfigError("--tokens fetches the write-ups' token files: --dataset=writeup only")
+    if args.dataset == WRITEUP:
+        applies = "tokens input"
+        where = ("the write-ups' own text and split (--dataset=writeup, the default); HINT: drop "
+                 "it, or add --dataset=wikitext103")
+    elif args.split == "writeup":
+        applies = "split input zip detokenize train_tokens val_tokens"
+        where = "--split=writeup, which sizes the splits with --train_tokens and --val_tokens"
+    else:
+        applies = "split input val zip detokenize val_fraction"
+        where = "WikiText's own splits (--split=wikitext, the default); HINT: add --split=writeup"
+    for flag, value in vars(args).items():
+        if value is not None and flag not in ["dataset", "out_dir", "threads", *applies.split()]:
+            raise ConfigError(f"--{flag} does not apply to {where}")
+    if args.dataset == WRITEUP and args.tokens and args.input:
+        raise ConfigError("--tokens fetches the write-ups' token files, --input tokenizes a copy "
+                          "of their text; HINT: give one of them")
+    if args.dataset == WRITEUP and args.input and len(args.input) > 1:
+        raise ConfigError("--dataset=writeup takes one --input file: their wikipedia.txt")
+    if args.input and args.dataset in DATASETS:
+        raise ConfigError(f"--{'zip' if args.zip else 'dataset'} names a zip to read, and --input "
+                          "names text files instead; HINT: give one of them")
+    for flag in ("threads", "train_tokens", "val_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        raise ConfigError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    both = set(map(os.path.realpath, args.input or [])) & set(map(os.path.realpath, args.val or []))
+    if both:
+        raise ConfigError(f"{min(both)} is given to both --input and --val; HINT: name each file "
+                          "once")
+    dataset = DATASETS.get(args.dataset)
+    args.split = args.split or ("writeup" if args.dataset == WRITEUP else "wikitext")
+    writeup_split = args.split == "writeup" and args.dataset != WRITEUP
+    args.out_dir = args.out_dir or (dataset.out_dir if dataset else DEFAULT_DATA_DIR)
+    args.train_tokens = args.train_tokens or (WRITEUP_TRAIN_TOKENS if writeup_split else None)
+    args.val_tokens = args.val_tokens or (WRITEUP_VAL_TOKENS if writeup_split else None)
+    args.val_fraction = args.val_fraction or 0.005
+    if args.detokenize is None:
+        args.detokenize = writeup_split or bool(dataset and dataset.detokenize)
+
+
+def check_readable(paths):
+    """Refuse an --input, --val or --zip file that cannot be read: now, rather than as a write error
+    of the .bin that reads it later."""
+    for path in paths:
+        try:
+            open(path, "rb").close()
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror.lower()}; HINT: check the path and "
+                            "its permissions") from None
+
+
+def remove_stale_temporaries(out_dir):
+    """Remove the temporary files of earlier runs that were killed; those of a live run stay."""
+    for name in os.listdir(out_dir):
+        match = re.fullmatch(r"(train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match[2]), 0)  # It asks whether the process that writes it lives.
+        except ProcessLookupError:
+            os.remove(os.path.join(out_dir, name))
+            print(f"removed {os.path.join(out_dir, name)}, left by an interrupted run")
+        except PermissionError:
+            pass  # The process lives, and is another user's.
 
 
 def prepare_data(argv):
-    """The command line's preparation; returns meta.json's contents (tests read them)."""
+    """The command line's preparation; returns meta.json's contents."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--dataset", choices=[WRITEUP, *fetch.DATASETS], help="writeup (the default): the "
-        "write-ups' own text, split and tokens; wikitext103, wikitext2: a WikiText zip to download")
-    add("--tokens", action="store_true", help="writeup: their token files, not their text")
-    add("--split", choices=["wikitext", "writeup"], help="WikiText and --input: wikitext (the "
-        "default) takes WikiText's own train and val files; writeup the write-ups' token counts")
-    add("--input", nargs="+", help="local text files to use instead of the download (with "
-        "--dataset=writeup, a copy of the write-ups' wikipedia.txt)")
+    add("--dataset", choices=[WRITEUP, *DATASETS], help="writeup (the default): the write-ups' "
+        "own text, split and tokens; wikitext103, wikitext2: a WikiText raw zip")
+    add("--tokens", action="store_true", default=None, help="writeup: their token files instead")
+    add("--split", choices=["wikitext", "writeup"], help="wikitext (the default): WikiText's own "
+        "train and val files; writeup: the write-ups' token counts")
+    add("--input", nargs="+", help="text files of your own (with --dataset=writeup, a copy of "
+        "their wikipedia.txt)")
     add("--val", nargs="+", help="with --input: the files of the val split")
-    add("--zip", help="a WikiText raw zip already on disk (checked against --dataset's sha256)")
-    add("--url", help="download the zip from here "
-        "(checked against --dataset's sha256 if given, else printed)")
-    add("--sha256", help="with --url or --zip: the zip's SHA-256; other bytes are refused")
-    defaults = ", ".join(f"{d.out_dir} for {name}" for name, d in fetch.DATASETS.items())
-    add("--out_dir", help="gets train.bin, val.bin, meta.json and the download (default: "
-        f"{defaults}, else {WRITEUP_OUT_DIR})")
-    add("--detokenize", action=argparse.BooleanOptionalAction,
-        help="undo WikiText's tokenization marks "
-        "(default: on with --split=writeup or --dataset wikitext2)")
+    add("--zip", help="the dataset's zip, saved by hand")
+    add("--out_dir", help=f"for the outputs and the download (default {DEFAULT_DATA_DIR}, or "
+        "data/DATASET)")
+    add("--detokenize", action=argparse.BooleanOptionalAction, help="undo WikiText's marks "
+        "(default: on with --split=writeup or --dataset=wikitext2)")
     add("--train_tokens", type=int,
-        help=f"--split=writeup: training tokens (default {WRITEUP_TRAIN_TOKENS:,})")
+        help=f"--split=writeup: train's tokens (default {WRITEUP_TRAIN_TOKENS:,})")
     add("--val_tokens", type=int,
-        help=f"--split=writeup: val tokens (default {WRITEUP_VAL_TOKENS:,})")
-    add("--max_chars", type=int,
-        help="--split=wikitext: a cap on the characters of the training text")
-    add("--val_fraction", type=float, help="with --input and no val file: "
-        "the share of documents, from the end, for val (default 0.005)")
+        help=f"--split=writeup: val's tokens (default {WRITEUP_VAL_TOKENS:,})")
+    add("--val_fraction", type=float, help="with --input and no val file: the share of "
+        "documents, from the end, for val (default 0.005)")
     add("--threads", "--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
-    add("--retries", type=int, default=5, help="download attempts per URL")
     args = parser.parse_args(argv)
+    check_settings(args)
     try:
-        check_settings(args)
-        made, lock_path = folders_to_make(args.out_dir), os.path.join(args.out_dir, data.DATA_LOCK)
         # An out_dir that cannot be written fails now, not after a download.
-        with prepare_io.writing(args.out_dir):
+        with writing(args.out_dir):
             os.makedirs(args.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.out_dir).close()
-            lock_made = not os.path.exists(lock_path)
-            lock = prepare_io.hold_for_writing(args.out_dir)
-        with lock:
-            try:
-                return run(args)
-            except BaseException:  # a failed run leaves no lock and no empty folder it made
-                if lock_made:
-                    os.remove(lock_path)
-                for folder in made:
-                    with contextlib.suppress(OSError):  # one that holds something stays
-                        os.rmdir(folder)
-                raise
-    except (KeyboardInterrupt, cli.Stopped) as e:
-        # Ctrl-C, or a SIGTERM that cli.main made an exception
+        remove_stale_temporaries(args.out_dir)
+        if not args.tokens:
+            check_tokenizer()  # fail before a long download, not after it
+        check_readable([*(args.input or []), *(args.val or []), *([args.zip] if args.zip else [])])
+        find = writeup_data if args.dataset == WRITEUP else document_data
+        meta = write_outputs(args, *find(args))
+    except (KeyboardInterrupt, Stopped) as e:  # script() raises Stopped for a stop signal.
         signum = getattr(e, "signum", signal.SIGINT)
-        signal_name = signal.Signals(signum).name
-        raise cli.Stopped(signum, f"stopped by {signal_name}: {NOTHING_REPLACED}") from None
+        raise Stopped(signum, f"stopped by {signal.Signals(signum).name}: "
+                              f"{NOTHING_REPLACED}") from None
+    if warning := small_val_warning(meta["val"], args):
+        say(warning)
+    return meta
 
 
-def folders_to_make(path):
-    """The folders that os.makedirs(path) would make, innermost first."""
-    if not path or os.path.exists(path):
-        return []
-    return [path, *folders_to_make(os.path.dirname(path))]
-
-
-@cli.main
+@script
 def main(argv):
-    """Exit status: 0 done, 1 an error, 130 Ctrl-C, 143 SIGTERM (128 + the signal, what a shell
-    reports for a command a signal ended: a scheduler sees a termination, not an error)."""
+    """Exit status: 0 done, 1 an error, 2 a bad setting, 130 Ctrl-C, 143 SIGTERM (128 + the
+    signal: a scheduler sees a termination, not an error)."""
     prepare_data(argv)
 
 
