@@ -14,6 +14,8 @@ warm-up: what train.py runs per iteration, gradient_accumulation_steps forward-b
     python bench.py config/baseline.py --profile      # where a step's time goes, by kind
     python bench.py config/baseline.py --splits=50x16,100x8,200x4  # batch x accumulation,
                                                                    # same tokens
+    python bench.py --gpu_report                      # on a GPU: splits and profiles of the
+                                                      # write-ups' models, in one markdown file
     python bench.py --prepare                         # prepare_wikipedia.py's speed and memory
     python bench.py --prepare --writeup               # the same, the write-ups' text
     python bench.py --causal=my_model.py:build        # check_causal.py --model, timed per model
@@ -39,6 +41,11 @@ also counts the allocator's and Python's own memory.
 --splits times whole optimizer steps for each way of splitting the same sequences per step
 into batch_size x gradient_accumulation_steps.
 
+--gpu_report, on a CUDA GPU, times --splits=50x16,100x8,200x4,400x2,800x1 of the configs in
+GPU_REPORT_CONFIGS at their own settings (torch.compile, bf16), skipping a split that runs out
+of memory, then profiles the fastest split of the baseline and of future attention, and writes
+the tables to out-bench/gpu_report.md (or --gpu_report=FILE.md) after each config.
+
 Peak memory: on CUDA the most allocated during a step; on a CPU the growth of the process's
 peak resident memory (RSS) over its steps, one run per process (--warmup=0 --iters=1: the
 first step's, AdamW's state included).
@@ -62,7 +69,7 @@ from torch.profiler import ProfilerActivity
 import configurator
 import model_future_attn
 import train
-from lib import cli, machine, settings
+from configurator import ConfigError, UserError
 
 BENCH_DEFAULTS = dict(
     iters=20,  # timed steps per run
@@ -79,17 +86,27 @@ BENCH_DEFAULTS = dict(
     memory=False,
     # e.g. 'my_models.py:gpt2,my_models.py:bert': seconds of `check_causal.py --model=` per model
     causal="",
+    # a markdown file: on a CUDA GPU, --splits and --profile of the write-ups' models (GPU_REPORT)
+    gpu_report="",
 )
 # The modes: at most one per run.
-MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal")
+MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "causal",
+         "gpu_report")
 PROFILE_STEPS = 5  # what a bare --profile traces
+# --gpu_report: the write-ups' models at their settings, their 800 sequences per optimizer step
+# split five ways, and a profile of the fastest split of each model type in GPU_REPORT_PROFILED
+GPU_REPORT = "out-bench/gpu_report.md"  # where a bare --gpu_report writes
+GPU_REPORT_CONFIGS = ("baseline", "future50_mse", "encdec_mse_possub")
+GPU_REPORT_SPLITS = "50x16,100x8,200x4,400x2,800x1"
+GPU_REPORT_PROFILED = ("baseline", "future_attn")
+REPO = os.path.dirname(os.path.abspath(__file__))
 IMPLS = model_future_attn.IMPLS  # 'auto', 'readable', 'fast', 'flex'
 
 
 def parse_args(argv):
     """(bench settings, [(label, train config, impl)]) from `[config.py ...] [--key=value ...]`."""
-    argv = [f"--profile={PROFILE_STEPS}" if arg == "--profile" else arg
-            for arg in configurator.normalize(argv)]
+    bare = {"--profile": f"--profile={PROFILE_STEPS}", "--gpu_report": f"--gpu_report={GPU_REPORT}"}
+    argv = [bare.get(arg, arg) for arg in configurator.normalize(argv)]
     paths = [a for a in argv if not a.startswith("--")]
     flags = [a for a in argv if a.startswith("--")]
     _, overrides = configurator.parse(flags)
@@ -97,18 +114,24 @@ def parse_args(argv):
     bench = configurator.merge(BENCH_DEFAULTS, {}, bench_overrides)
     impls = bench["impl"].split(",")
     if not set(impls) <= set(IMPLS):
-        raise configurator.ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, "
+        raise ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, "
                                        f"got {bench['impl']!r}")
     modes = [f"--{mode}" for mode in MODES if bench[mode]]
     if len(modes) > 1:
-        raise configurator.ConfigError(f"{' and '.join(modes)} do not go together: pick one")
+        raise ConfigError(f"{' and '.join(modes)} do not go together: pick one")
     if bench["profile_trace"] and not bench["profile"]:
-        raise configurator.ConfigError("--profile_trace saves the trace of --profile: "
+        raise ConfigError("--profile_trace saves the trace of --profile: "
                                        "add --profile")
     trace_dir = os.path.dirname(os.path.abspath(bench["profile_trace"]))
     if bench["profile_trace"] and not os.path.isdir(trace_dir):
-        raise configurator.ConfigError("no directory for "
+        raise ConfigError("no directory for "
                                        f"--profile_trace={bench['profile_trace']}: create it first")
+    if bench["gpu_report"]:
+        if paths:
+            raise ConfigError("--gpu_report times the write-ups' three configs: give no config "
+                              "file")
+        paths = [os.path.join(REPO, "config", f"{name}.py") for name in GPU_REPORT_CONFIGS]
+        bench.update(splits=GPU_REPORT_SPLITS, profile=PROFILE_STEPS)
     bench["splits"] = parse_splits(bench["splits"]) if bench["splits"] else []
     train_flags = [f for f in flags if f[2:].partition("=")[0] not in BENCH_DEFAULTS]
     runs = []
@@ -117,13 +140,13 @@ def parse_args(argv):
                                   script_keys=BENCH_DEFAULTS)
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
-            raise configurator.ConfigError("impl=flex needs --device=cuda: "
+            raise ConfigError("impl=flex needs --device=cuda: "
                                            "FlexAttention has no backward on a CPU")
         label = os.path.basename(path)[:-3] if path else config["model_type"]
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
     if bench["profile_trace"] and len(runs) > 1:
-        raise configurator.ConfigError("--profile_trace takes one config and one --impl "
+        raise ConfigError("--profile_trace takes one config and one --impl "
                                        "(one trace per file)")
     return bench, runs
 
@@ -135,12 +158,12 @@ def parse_splits(text):
     except ValueError:
         splits = []
     if not splits or any(len(split) != 2 or min(split) < 1 for split in splits):
-        raise configurator.ConfigError("write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; "
+        raise ConfigError("write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; "
                                        f"got {text!r}")
     (b0, k0), *others = splits
     for b, k in others:
         if b * k != b0 * k0:
-            raise configurator.ConfigError(
+            raise ConfigError(
                 f"split {b}x{k} trains on {b * k} sequences per optimizer step "
                 f"but {b0}x{k0} on {b0 * k0}: give splits of the same product"
             )
@@ -152,14 +175,14 @@ def build(label, config, impl, micro_steps=None):
     is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
     device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps'
-    dtype, autocast = machine.autocast_for(config["dtype"], device_type)
+    dtype, autocast = train.autocast_for(config["dtype"], device_type)
     torch.manual_seed(config["seed"])
-    model = settings.build_model(config["model_type"], settings.model_args_of(config)).to(device)
+    model = train.build_model(config["model_type"], train.model_args_of(config)).to(device)
     if config["model_type"] == "future_attn":
         try:
             model.set_impl(impl)
         except ValueError as e:  # an implementation that cannot compute this config's attention
-            raise configurator.ConfigError(str(e)) from None
+            raise ConfigError(str(e)) from None
     optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                            (config["beta1"], config["beta2"]), device_type)
     shape = (config["batch_size"], config["block_size"])
@@ -169,6 +192,7 @@ def build(label, config, impl, micro_steps=None):
     return dict(label=label, config=config, impl=impl, device=device, dtype=dtype,
                 autocast=autocast, model=model,
                 step_model=torch.compile(model) if config["compile"] else model,
+                params=[p for p in model.parameters() if p.requires_grad],
                 optimizer=optimizer, scaler=scaler, x=x, y=y,
                 micro_steps=micro_steps or config["gradient_accumulation_steps"],
                 times=[], peak_memory=0)
@@ -183,17 +207,24 @@ def sync(run):
 
 
 def step(run):
-    """One timed optimizer step as train.py runs it: run['micro_steps'] forward-backward passes
-    of the batch, then AdamW; on CUDA also records the step's peak memory."""
+    """One timed optimizer step as train.run takes it: run['micro_steps'] forward-backward
+    passes of the batch, the gradients unscaled and clipped (or their norm taken), the step's
+    one read from the device, then AdamW. On CUDA it also records the step's peak memory."""
     cuda = run["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(run["device"])
     sync(run)
     t0 = time.perf_counter()
-    # the gradients, unscaled and clipped as train.py clips them; its one sync per step included
-    train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])),
-                           run["micro_steps"], run["autocast"], run["scaler"], ddp=False,
-                           optimizer=run["optimizer"], grad_clip=run["config"]["grad_clip"])
+    numbers = train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])),
+                                     run["micro_steps"], run["autocast"], run["scaler"])
+    run["scaler"].unscale_(run["optimizer"])
+    grad_clip = run["config"]["grad_clip"]
+    if grad_clip > 0:
+        numbers["grad_norm"] = torch.nn.utils.clip_grad_norm_(run["params"], grad_clip)
+    else:
+        grads = [p.grad for p in run["params"] if p.grad is not None]
+        numbers["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+    train.read_numbers(numbers, ddp=False)  # the step's one read from the device
     run["scaler"].step(run["optimizer"])
     run["scaler"].update()
     run["optimizer"].zero_grad(set_to_none=True)
@@ -222,21 +253,33 @@ def time_runs(runs, bench):
         runs[0]["peak_memory"] = peak_rss() - rss_before
 
 
-def report(run, bench, first=None):
+def measure(run, bench):
+    """A run's timed steps in numbers: the median ms per step (and the fastest and slowest),
+    tokens/s, MFU (on a GPU of known peak, else None) and peak memory in bytes (or None)."""
     times = sorted(run["times"])
     dt = statistics.median(times)
     config = run["config"]
     sequences = config["batch_size"] * run["micro_steps"]  # per step
-    line = (f"{run['label']:28s} {dt * 1000:9.1f} ms/iter "
-            f"(min {times[0] * 1000:.1f}, max {times[-1] * 1000:.1f})"
-            f" {sequences * config['block_size'] / dt:9.0f} tokens/s")
+    mfu = None
     if run["device"].startswith("cuda") and bench["peak_flops"]:
         mfu = run["model"].estimate_mfu(sequences, dt, flops_promised=bench["peak_flops"])
-        line += f"  MFU {mfu * 100:5.1f}%"
+    return dict(ms=dt * 1000, min_ms=times[0] * 1000, max_ms=times[-1] * 1000,
+                tokens_per_s=sequences * config["block_size"] / dt, mfu=mfu,
+                peak_memory=run["peak_memory"] or None)
+
+
+def report(run, bench, first=None):
+    """Prints a run's line and returns its numbers (measure)."""
+    numbers = measure(run, bench)
+    line = (f"{run['label']:28s} {numbers['ms']:9.1f} ms/iter "
+            f"(min {numbers['min_ms']:.1f}, max {numbers['max_ms']:.1f})"
+            f" {numbers['tokens_per_s']:9.0f} tokens/s")
+    if numbers["mfu"] is not None:
+        line += f"  MFU {numbers['mfu'] * 100:5.1f}%"
     elif run["device"].startswith("cuda"):
         line += "  MFU n/a"
-    if run["peak_memory"]:
-        line += f"  peak memory {run['peak_memory'] / 2**20:8.1f} MiB"
+    if numbers["peak_memory"]:
+        line += f"  peak memory {numbers['peak_memory'] / 2**20:8.1f} MiB"
     else:
         line += "  peak memory n/a"
     if first is not None:
@@ -244,6 +287,7 @@ def report(run, bench, first=None):
         line += (f"  ratio {statistics.median(ratios):.3f} "
                  f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
     print(line)
+    return numbers
 
 
 def explain(run):
@@ -256,22 +300,27 @@ def explain(run):
 
 
 def time_each(run, bench, variants):
-    """Times each (label, config changes, micro-steps) of variants in turn, one model at a time."""
+    """Times each (label, config changes, micro-steps) of variants in turn, one model at a time.
+    Returns the numbers of each (measure), or None for one that ran out of memory."""
     cuda = run["device"].startswith("cuda")
+    results = []
     for i, (label, changes, micro_steps) in enumerate(variants):
         torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no dynamic shapes
+        numbers = one = None
         try:
             one = build(label, dict(run["config"], **changes), run["impl"], micro_steps=micro_steps)
             time_runs([one], bench)
             if not cuda and i > 0:
                 # The process's peak RSS never falls: it measures the first variant only.
                 one["peak_memory"] = 0
-            report(one, bench)
+            numbers = report(one, bench)
         except torch.OutOfMemoryError:
-            print(f"{label}: out of memory")
-        one = None
+            print(f"{label}: out of memory, skipped")
+        results.append(numbers)
+        one = None  # its memory is free for the next variant
         if cuda:
             torch.cuda.empty_cache()
+    return results
 
 
 def sweep(run, bench):
@@ -281,13 +330,14 @@ def sweep(run, bench):
 
 
 def splits(run, bench):
-    """ms per optimizer step, tokens/s and peak memory of each batch_size x accumulation split."""
+    """ms per optimizer step, tokens/s and peak memory of each batch_size x accumulation split
+    (time_each's numbers)."""
     (b0, k0), T = bench["splits"][0], run["config"]["block_size"]
     print(f"{run['label']}: {b0 * k0 * T:,} tokens per optimizer step "
           f"({b0 * k0} sequences of {T}); an iter below is a whole optimizer step")
     variants = [(f"{run['label']} {b}x{k}", dict(batch_size=b, gradient_accumulation_steps=k), k)
                 for b, k in bench["splits"]]
-    time_each(run, bench, variants)
+    return time_each(run, bench, variants)
 
 
 def peak_memory(run, bench):
@@ -374,7 +424,8 @@ def busy_time(intervals):
 
 
 def profile(run, bench):
-    """Traces bench['profile'] steps after the warm-up; prints the ms per step by kind."""
+    """Traces bench['profile'] steps after the warm-up; prints and returns the ms per step by
+    kind, with the time in which nothing ran (GPU idle, or outside ops on a CPU) and the total."""
     cuda = run["device"].startswith("cuda")
     n = bench["profile"]
     for _ in range(bench["warmup"]):
@@ -397,13 +448,14 @@ def profile(run, bench):
         ms_by_name[name, kind] += us / 1e3 / n  # on a CPU, one op can do several kinds of work
         calls[name, kind] += 1
     gap = "host gaps (GPU idle)" if cuda else "outside ops (Python)"
+    rows = {**ms_by_kind, gap: wall - busy, "total (wall)": wall}
 
     config = run["config"]
     print(f"{run['label']}: {n} steps traced, each {run['micro_steps']} forward and backward "
           f"passes of batch {config['batch_size']} x {config['block_size']} tokens, then AdamW: "
           f"{wall:.2f} ms/step (the profiler slows the host side)")
     print(f"  {'kind':24s} {'ms/step':>9s} {'%':>7s}")
-    for kind, ms in [*ms_by_kind.items(), (gap, wall - busy), ("total (wall)", wall)]:
+    for kind, ms in rows.items():
         print(f"  {kind:24s} {ms:9.2f} {ms / wall * 100:6.1f}%")
     if sum(ms_by_kind.values()) > 1.01 * busy:
         print(f"  note: work overlapped (streams or threads): the kinds add up to "
@@ -422,6 +474,72 @@ def profile(run, bench):
         os.replace(f"{root}.tmp{ext}", bench["profile_trace"])  # whole or not at all
         print(f"  trace written to {bench['profile_trace']} "
               "(open it in chrome://tracing or ui.perfetto.dev)")
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# --gpu_report: the write-ups' models on a GPU, in one markdown file
+
+
+def gpu_report(runs, bench, machine):
+    """Times the splits of each run, then profiles the fastest split of each model type in
+    GPU_REPORT_PROFILED. The markdown file is written after each config, so that a run cut short
+    keeps what it measured."""
+    path, timings, profiles = bench["gpu_report"], {}, {}
+    first, (b0, k0) = runs[0][1], bench["splits"][0]
+    dtype = train.autocast_for(first["dtype"], torch.device(first["device"]).type)[0]
+    about = (f"{machine}. Each config at its own settings (compile={first['compile']}, {dtype}), "
+             f"{b0 * k0} sequences of {first['block_size']} tokens per optimizer step, split as "
+             f"batch_size x gradient_accumulation_steps; the median of {bench['iters']} steps "
+             f"after {bench['warmup']} of warm-up.")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for label, config, impl in runs:
+        run = dict(label=label, config=config, impl=impl, device=config["device"])
+        timings[label] = splits(run, bench)
+        measured = [(numbers["ms"], split)
+                    for split, numbers in zip(bench["splits"], timings[label]) if numbers]
+        if config["model_type"] in GPU_REPORT_PROFILED and measured:
+            b, k = min(measured)[1]
+            changes = dict(batch_size=b, gradient_accumulation_steps=k)
+            torch._dynamo.reset()
+            fastest = build(f"{label} {b}x{k}", dict(config, **changes), impl, micro_steps=k)
+            profiles[fastest["label"]] = profile(fastest, bench)
+            del fastest  # its memory is free for the next config's splits
+            torch.cuda.empty_cache()
+        text = gpu_report_markdown(about, bench["splits"], timings, profiles, bench["profile"])
+        train.write_atomically(path, lambda f: f.write(text.encode()))
+        print(f"wrote {path}")
+    return 0
+
+
+def gpu_report_markdown(about, splits, timings, profiles, profiled_steps):
+    """The --gpu_report file: a row per config and split, from timings {label: [measure() of
+    each split, or None where it ran out of memory]}; then the ms per step by kind of each
+    profiled split, from profiles {label: profile()}."""
+    lines = ["# bench.py --gpu_report", "", about, "",
+             "| config | split | ms per step | tokens/s | MFU | peak memory |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for label, results in timings.items():
+        for (b, k), numbers in zip(splits, results):
+            if numbers is None:
+                lines.append(f"| {label} | {b}x{k} | out of memory | | | |")
+                continue
+            mfu = "-" if numbers["mfu"] is None else f"{numbers['mfu'] * 100:.1f}%"
+            memory = "-" if numbers["peak_memory"] is None else (
+                f"{numbers['peak_memory'] / 2**30:.1f} GiB")
+            lines.append(f"| {label} | {b}x{k} | {numbers['ms']:.1f} | "
+                         f"{numbers['tokens_per_s']:,.0f} | {mfu} | {memory} |")
+    if profiles:
+        lines += ["", f"Where the time of a step goes at the fastest split, in ms per step and "
+                  f"share of the wall time ({profiled_steps} steps traced; the profiler slows "
+                  "the host side):", "",
+                  "| kind |" + "".join(f" {label} | % |" for label in profiles),
+                  "| --- |" + " ---: | ---: |" * len(profiles)]
+        for kind in next(iter(profiles.values())):
+            cells = "".join(f" {rows[kind]:.2f} | {rows[kind] / rows['total (wall)'] * 100:.1f}% |"
+                            for rows in profiles.values())
+            lines.append(f"| {kind} |{cells}")
+    return "\n".join(lines) + "\n"
 
 
 def causal_seconds(models):
@@ -429,7 +547,7 @@ def causal_seconds(models):
     a fresh process, as a CI job runs it: its wall seconds, its CPU seconds (user + system, the
     steadier number on a busy machine), the part the exact checks took (the rest is starting
     Python and importing torch and the model's library) and the verdict."""
-    check_causal = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_causal.py")
+    check_causal = os.path.join(REPO, "check_causal.py")
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; "
           "each model checked in a fresh process")
     print(f"{'model':40s} {'wall s':>7s} {'CPU s':>6s} {'checks s':>8s}  verdict")
@@ -475,8 +593,7 @@ def write_corpus(path, chars, seed=0):
     ` , ` marks, numbers) of English words drawn from this repository's docs; a text of at most
     5 MB, repeated."""
     import glob, random  # noqa: E401 (this mode's own)
-    repository = os.path.dirname(os.path.abspath(__file__))
-    docs = sorted(glob.glob(os.path.join(repository, "docs", "*.md")))
+    docs = sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
     words = re.findall(r"[A-Za-z]+", " ".join(open(doc).read() for doc in docs))
     rng, articles, size = random.Random(seed), [], 0
     while size < min(chars, 5e6):
@@ -500,9 +617,9 @@ def run_prepare(argv):
     peak memory."""
     import json, subprocess  # noqa: E401 (this mode's own)
     child = subprocess.run([sys.executable, "-c", PREPARE_CHILD, *argv], capture_output=True,
-                           text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+                           text=True, cwd=REPO)
     if child.returncode:
-        raise cli.UserError(f"prepare_wikipedia.py failed: {child.stderr.strip().splitlines()[-1]}")
+        raise UserError(f"prepare_wikipedia.py failed: {child.stderr.strip().splitlines()[-1]}")
     return json.loads(child.stdout.splitlines()[-1])
 
 
@@ -537,7 +654,6 @@ def bench_prepare(argv):
     measured on that corpus and on one --memory_at times larger."""
     import argparse, shutil, tempfile  # noqa: E401 (this mode's own)
     import prepare_wikipedia
-    from lib import fetch  # this mode's own
     parser = argparse.ArgumentParser(prog="bench.py --prepare")
     parser.add_argument("--mb", type=float, default=50,
                         help="the corpus, in millions of characters")
@@ -569,8 +685,8 @@ def bench_prepare(argv):
         write_corpus(corpus, args.mb * 1e6)
         # the documents (or the write-ups' pieces) in batches of about READ_AHEAD_CHARS characters,
         # as many as prepare has in flight
-        parts = ([pieces for _, pieces in fetch.writeup_parts(corpus)] if args.writeup
-                 else [fetch.file_documents([path]) for path in (corpus, val)])
+        parts = ([pieces for _, pieces in prepare_wikipedia.writeup_parts(corpus)] if args.writeup
+                 else [prepare_wikipedia.file_documents([path]) for path in (corpus, val)])
         batches = []
         for texts in parts:
             batches.append([])
@@ -613,7 +729,7 @@ def bench_prepare(argv):
     return 0
 
 
-@cli.main
+@configurator.script
 def main(argv):
     if argv[:1] == ["--prepare"]:  # prepare_wikipedia.py's speed and memory: bench_prepare
         return bench_prepare(argv[1:])
@@ -626,14 +742,19 @@ def main(argv):
         return causal_seconds(bench["causal"])
     device = runs[0][1]["device"]
     cuda = device.startswith("cuda")
+    if bench["gpu_report"] and not cuda:
+        raise UserError(f"--gpu_report measures a CUDA GPU, and the device here is {device}: run "
+                        "it on a machine with one")
     torch.backends.cuda.matmul.allow_tf32 = True
-    bench["peak_flops"] = machine.peak_flops(device) if cuda else None
+    bench["peak_flops"] = train.peak_flops(device)
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     if device.startswith("mps"):
         name = "Apple GPU (MPS)"
     peak = f" (MFU against {bench['peak_flops'] / 1e12:.1f} TFLOP/s)" if bench["peak_flops"] else ""
     print(f"torch {torch.__version__}, {name}{peak}; "
           f"warmup {bench['warmup']}, iters {bench['iters']}")
+    if bench["gpu_report"]:
+        return gpu_report(runs, bench, f"{name}, torch {torch.__version__}")
     # Sweeps and splits build their own models, one shape at a time.
     if bench["sweep_block_size"] or bench["splits"]:
         for label, config, impl in runs:

@@ -67,8 +67,7 @@ from torch.nn import functional as F
 
 import configurator
 import train
-from lib import cli, settings
-from lib.cli import ConfigError, UserError
+from configurator import ConfigError, UserError
 
 CHECK_DEFAULTS = dict(
     full_size=False,  # check at the config's own sizes instead of the shrunk ones (slow)
@@ -133,12 +132,12 @@ def parse_args(argv):
     _, overrides = configurator.parse(flags)
     own = {k: v for k, v in overrides.items() if k in CHECK_DEFAULTS}
     check = configurator.merge(CHECK_DEFAULTS, {}, own)
-    train_flags = [f for f in flags if f[2:].partition("=")[0] not in CHECK_DEFAULTS]
     check_least(check)
     # the config file alone (with the flags' model_type): what "original → checked" reports
-    model_type_flags = [f for f in train_flags if f.startswith("--model_type=")]
-    original = train.get_config(paths + model_type_flags)
-    config = train.get_config(paths + train_flags, script_keys=CHECK_DEFAULTS)
+    original = train.get_config(paths + [f for f in flags if f.startswith("--model_type=")])
+    # The flags go over it without train.get_config's check of the model: plan() checks the
+    # model that is built, in which a --block_size=40 shrinks the file's future_dim=50 with it.
+    config = configurator.merge(original, {}, overrides, script_keys=CHECK_DEFAULTS)
     return check, original, config, set(overrides)
 
 
@@ -208,12 +207,12 @@ def shrunk_sizes(original, config, fixed, block_size, vocab_size):
 
 def model_args_for(config, sizes):
     """The GPTConfig fields of config with sizes applied, resolved and validated."""
-    return settings.model_args_of(dict(config, **sizes))
+    return train.model_args_of(dict(config, **sizes))
 
 
 def describe_changes(original, model_args):
     """'key original → checked, ...' for the model settings that differ from the config file's."""
-    before = settings.model_args_of(original)
+    before = train.model_args_of(original)
     return ", ".join(f"{k} {before[k]} → {v}" for k, v in model_args.items() if before[k] != v)
 
 
@@ -259,7 +258,7 @@ def randomize(model, generator):
 
 def build(model_type, model_args, seed):
     torch.manual_seed(seed)
-    model = settings.build_model(model_type, model_args).double()
+    model = train.build_model(model_type, model_args).double()
     randomize(model, torch.Generator().manual_seed(seed))
     return model
 
@@ -467,7 +466,7 @@ def probe(model_type, model_args, options, seed=0, log=print):
     """Trains on the reversal task; returns a dict of accuracies and the verdict."""
     torch.manual_seed(seed)
     # its own init, float32: a real training run
-    model = settings.build_model(model_type, model_args)
+    model = train.build_model(model_type, model_args)
     optimizer = model.configure_optimizers(0.0, options["probe_lr"], (0.9, 0.98), "cpu")
     return train_probe(model, optimizer, options, seed=seed, log=log)
 
@@ -971,7 +970,7 @@ def plan(options, original, config, user_keys):
     return model_args, model_args_for(config, sizes)
 
 
-@cli.main
+@configurator.script
 def main(argv):
     """Exit status: 0 causal, 1 a leak (or a probe that learned nothing), 2 a bad setting (or, with
     --model, a model the tool cannot read)."""

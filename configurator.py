@@ -1,17 +1,84 @@
 """
-Settings from `[config_file.py ...] [--key=value | --key value | --key ...]` over defaults:
-`config = merge(defaults, *parse(sys.argv[1:]))`. A config file is plain Python; flags win over
-files; a flag alone means True. A key needs a default, a value its default's type.
+The configuration of every script: `[config_file.py ...] [--key=value | --key value | --key ...]`
+over the script's defaults. A config file is plain Python; flags win over files; a flag alone
+means True; a key needs a default, and a value the type of its default. Also how a script says a
+mistake its user can fix: in one line, never a traceback.
 """
 
 import ast
+import contextlib
 import difflib
 import os
-
-from lib.cli import ConfigError
+import signal
+import sys
 
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
 HELP_FLAGS = ("-h", "--help")
+# Ctrl-C, kill, a closed terminal, and SLURM's warning before a time limit
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+class UserError(Exception):
+    """A failure the user can fix: missing data, a folder in use, a full disk."""
+
+    status = 1
+
+
+class ConfigError(UserError, ValueError):
+    """A bad setting."""
+
+    status = 2
+
+
+class Stopped(Exception):
+    """A stop signal ended the script; the message says what was saved."""
+
+    def __init__(self, signum, message=None):
+        self.signum = signum
+        super().__init__(message if message is not None else
+                         f"stopped by {signal.Signals(signum).name}")
+
+
+def script(main):
+    """main(argv) made to return an exit status: 1 for a UserError, 2 for a ConfigError, 128 + the
+    signal's number for a stop signal, each said in one line."""
+
+    def raise_stopped(signum, frame):
+        raise Stopped(signum)
+
+    def wrapped(argv=None):
+        previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS}
+        try:
+            return main(sys.argv[1:] if argv is None else argv) or 0
+        except UserError as e:
+            say(f"error: {e}")
+            return e.status
+        except Stopped as e:
+            if str(e):  # the processes of a DDP run but rank 0 say nothing
+                say(str(e))
+            return 128 + e.signum
+        except BrokenPipeError:  # `python sample.py | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    return wrapped
+
+
+def say(line):
+    """Prints a line to stderr, whose reader may have gone away."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def exit_now(status):
+    """Ends the process without the interpreter's teardown of torch, which can take seconds."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 def wants_help(argv):
@@ -25,7 +92,7 @@ def usage(doc, config):
 
 
 def read_config_file(path):
-    """The values a config file defines (bool, int, float, str or None), but _names."""
+    """The values a config file defines (bool, int, float, str or None), except _names."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found: give a path such as config/tiny_cpu.py")
     namespace = {}  # the file's own, never our globals
@@ -42,8 +109,8 @@ def read_config_file(path):
 
 
 def normalize(argv):
-    """argv with each `--key value` joined into `--key=value`. A word that is a flag or a config
-    file (.py) is no value: a flag before one stands alone."""
+    """argv with each `--key value` joined into `--key=value`. A flag or a config file (.py) is
+    no value, so a flag before one stands alone."""
     flags, rest = [], list(argv)
     while rest:
         arg = rest.pop(0)
@@ -55,11 +122,11 @@ def normalize(argv):
 
 
 def parse(argv):
-    """(the config files' values, {key: the flag's text, None for a flag alone})."""
+    """(the config files' values, {key: the flag's text, or None for a flag alone})."""
     files, overrides = {}, {}
     for arg in normalize(argv):
         if arg in HELP_FLAGS:
-            continue  # --help shows the values the rest of argv gives
+            continue  # --help shows the values that the rest of argv gives
         if arg.startswith("--"):
             key, equals, text = arg[2:].partition("=")
             overrides[key] = text if equals else None
@@ -69,7 +136,7 @@ def parse(argv):
 
 
 def read_flag(text, default):
-    """The value of `--key=text`: text for a text key, True for a flag alone."""
+    """The value of `--key=text`: the text itself for a text key, True for a flag alone."""
     if text is None:
         return True
     try:
@@ -80,8 +147,8 @@ def read_flag(text, default):
 
 
 def merge(defaults, files, overrides, script_keys=()):
-    """defaults updated with the files' values, then the flags', each checked against its
-    default's type; script_keys, the caller's own, are skipped."""
+    """The defaults updated with the files' values, then the flags', each checked against the
+    type of its default. script_keys are the caller's own, and skipped."""
     config, problems = dict(defaults), []
     given = [(key, value, f"{key}={value!r} in the config file") for key, value in files.items()]
     for key, text in overrides.items():
@@ -92,7 +159,9 @@ def merge(defaults, files, overrides, script_keys=()):
         if key in script_keys:
             continue
         if key not in defaults:
-            problems.append(unknown_key(key, [*defaults, *script_keys]))
+            close = difflib.get_close_matches(key, [*defaults, *script_keys], n=1)
+            problems.append(f"unknown key {key}; did you mean {close[0]}?" if close else
+                            f"unknown key {key} (--help lists the keys)")
         elif where == f"--{key}" and not isinstance(default, bool):
             problems.append(f"{where} has no value: write {where}=VALUE or {where} VALUE")
         elif type(default) is float and type(value) is int:
@@ -104,10 +173,3 @@ def merge(defaults, files, overrides, script_keys=()):
     if problems:
         raise ConfigError("; ".join(problems))
     return config
-
-
-def unknown_key(key, known):
-    close = difflib.get_close_matches(key, known, n=1)
-    if close:
-        return f"unknown key {key}; did you mean {close[0]}?"
-    return f"unknown key {key} (--help lists the keys)"

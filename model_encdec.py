@@ -181,9 +181,11 @@ def check_fields(config, checks):
 
 @dataclass
 class GPTConfig:
+    # The defaults are the write-up's best run, "with MSE embedding loss and pos sub"
+    # (config/encdec_mse_possub.py), so --model_type=encdec alone trains a model it measured.
     vocab_size: int = 50257  # GPT-2 BPE; padding to 50304 is faster but not the write-ups'
     block_size: int = 200  # C, the context length (the write-ups' context_size)
-    # L, blocks PER STACK: L encoder + L decoder blocks, unless set apart below; 13
+    # L, blocks PER STACK: L encoder + L decoder blocks, unless set apart below
     n_layer: int = 13
     n_layer_encoder: int = None  # encoder blocks; None -> n_layer (the write-up: equal stacks)
     n_layer_decoder: int = None  # decoder blocks; None -> n_layer (the write-up: equal stacks)
@@ -192,12 +194,13 @@ class GPTConfig:
     dropout: float = 0.0  # the write-ups use 0.0
     bias: bool = False  # biases in Linear and the blocks' LayerNorms; the write-ups use none
     cross_n_head: int = None  # heads of the cross-attention; None -> 2 * n_head
-    order: str = "original"  # decoder block: 'original' self then cross, 'alt' swaps; original
-    ln_before_bridge: bool = False  # LayerNorm before the encoder->decoder Linear; False
-    add_pos_to_decoder: bool = False  # add wpe[1..T] to the decoder input; False
-    sub_pos: str = "yes"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'; yes
-    embedding_loss_type: str = "mse"  # 'none', 'mse', 'cosine', 'log_cosine'; mse
-    embedding_loss_coeff: float = 1.0  # scale of the embedding loss (8 with sub_pos)
+    order: str = "original"  # decoder block: 'original' self then cross, 'alt' swaps
+    ln_before_bridge: bool = False  # LayerNorm before the encoder->decoder Linear
+    add_pos_to_decoder: bool = False  # add wpe[1..T] to the decoder input
+    sub_pos: str = "yes"  # subtract wpe[1..T] before the head: 'no', 'yes', 'yes_ln'
+    embedding_loss_type: str = "mse"  # 'none', 'mse', 'cosine', 'log_cosine'
+    # scale of the embedding loss; the write-up's runs without sub_pos used 1
+    embedding_loss_coeff: float = 8.0
     # what the embedding loss does not train: 'encoder_out', 'embedding', 'none'
     detach: str = "encoder_out"
     # LN_b on encoder_out for the loss; like LN_a below it is built whenever asked for,

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from lib import cli
+import configurator
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,7 +47,7 @@ BUDGET_KEYS = ("max_iters", "batch_size", "gradient_accumulation_steps", "learni
                "grad_clip", "eval_iters")
 
 
-class ReportError(cli.UserError):
+class ReportError(configurator.UserError):
     """A run that cannot be reported; its message is printed and the other runs go on."""
 
 
@@ -121,13 +121,13 @@ def writeup_match(start):
     """(write-up config name, {budget key: (run's value, write-up's value)} where they differ)
     for a run that trains the model of a write-up config, or None. The model decides (model_type and
     model_args of the start record); out_dir, data and seed may be anything."""
-    from lib import settings  # as in writeup_configs
+    import train  # as in writeup_configs
     for name, config in writeup_configs().items():
         # through JSON, as the start record went, so tuples and lists compare equal
-        model_args = json.loads(json.dumps(settings.model_args_of(config)))
+        model_args = json.loads(json.dumps(train.model_args_of(config)))
         if (start["model_type"] == config["model_type"]
-                and settings.saved_model_args(start["model_type"],
-                                              start.get("model_args", {})) == model_args):
+                and train.saved_model_args(start["model_type"],
+                                           start.get("model_args", {})) == model_args):
             run_config = start["config"]
             return name, {key: (run_config.get(key), config[key]) for key in BUDGET_KEYS
                           if run_config.get(key) != config[key]}
@@ -166,8 +166,8 @@ def summarize(out_dir):
         "wall time": f"{hours}:{rest // 60:02d}:{rest % 60:02d}",
         "data": start.get("data", {}).get("data_dir", "-"),
     }
-    notes = [f"{run}: evaluated with --eval_only (not the run's numbers) "
-             f"at iter {r['iter']} on {r['data_dir']}, {r['eval_iters']} batches: "
+    notes = [f"{run}: evaluated with --eval_only (not the run's numbers) at iter {r['iter']} "
+             f"on {r['data_dir']}: "
              f"train loss {r['train_loss']:.3f}, val loss {r['val_loss']:.3f}"
              for r in records if r["type"] == "eval_only"]
     match = writeup_match(start)
@@ -202,10 +202,11 @@ def summarize(out_dir):
 def same_data(identity):
     """The write-up line's word on a run's data (identity: the data_dir and the train and val sha256
     its start record holds): the write-ups' own when the hashes are those of their token files."""
-    from lib import fetch  # their pins; imported only for a run of a write-up config
+    import prepare_wikipedia  # their pins; imported only for a run of a write-up config
     if not identity:
         return "data not recorded"
-    theirs = [fetch.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256 for split in ("train", "val")]
+    theirs = [prepare_wikipedia.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256
+              for split in ("train", "val")]
     if [identity["train_sha256"], identity["val_sha256"]] == theirs:
         return "same data as the write-up"
     return f"not the write-up's data: {describe(identity)}"
@@ -244,6 +245,8 @@ def plot(out_dirs, path):
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
+    import train  # as in writeup_configs
+
     runs = [(os.path.basename(os.path.normpath(out_dir)), read_log(out_dir)[0])
             for out_dir in out_dirs]
     per_layer = [(name, key, [r for r in records if r["type"] == "train" and key in r["aux"]])
@@ -270,7 +273,7 @@ def plot(out_dirs, path):
         ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
     image_format = os.path.splitext(path)[1][1:] or "png"
-    cli.write_atomically(path, lambda f: fig.savefig(f, format=image_format))
+    train.write_atomically(path, lambda f: fig.savefig(f, format=image_format))
     print(f"saved {path}")
     return True
 
@@ -281,7 +284,7 @@ def layer_keys(records):
                    for k, v in r["aux"].items() if isinstance(v, list)})
 
 
-@cli.main
+@configurator.script
 def main(argv):
     parser = argparse.ArgumentParser(description="Compare train.py runs from their log.jsonl.")
     parser.add_argument("out_dirs", nargs="+", help="out_dir of each run")

@@ -24,10 +24,9 @@ import tiktoken
 import torch
 
 import configurator
-from lib import cli, machine
-from lib.checkpoint import load_checkpoint, model_from_checkpoint
-from lib.cli import ConfigError, UserError
-from lib.machine import autocast_for
+import train
+from configurator import ConfigError, UserError
+from train import autocast_for, load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from
@@ -110,7 +109,12 @@ def check_settings(config):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
     check_which(config["checkpoint"])
-    machine.check_device(config["device"], config["dtype"])  # what train.py's settings check too
+    # train.py's rules for the keys that sample.py shares with it: dtype and seed
+    for keys, ok, rule in train.RULES:
+        for key in keys:
+            if key in config and not ok(config[key]):
+                raise ConfigError(f"{key} must be {rule}, got {config[key]!r}")
+    train.check_device(config["device"])
 
 
 def duration(seconds):
@@ -150,8 +154,6 @@ def sample(config):
     print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
-    if device == "cpu" and (busy := machine.busy_cpu_note()):
-        print(busy, file=sys.stderr)
     _, autocast = autocast_for(config["dtype"], torch.device(device).type)
     model.eval()
     model.to(device)
@@ -199,7 +201,7 @@ def generate(model, x, config):
     return samples
 
 
-@cli.main
+@configurator.script
 def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
     if configurator.wants_help(argv):

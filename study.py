@@ -40,10 +40,8 @@ import torch
 import configurator
 import report
 import train
-from lib import cli, data, settings
-from lib.cli import ConfigError, UserError
-from lib.checkpoint import TRAINING_KEYS, load_checkpoint
-from lib.guards import FolderLock
+from configurator import ConfigError, Stopped, UserError
+from train import TRAINING_KEYS, load_checkpoint
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 STUDY_KEYS = ("out_dir", "seed", "init_from", "overwrite")  # set by the study, run by run
@@ -180,7 +178,6 @@ def plan_runs(configs, seeds, out_root, flags):
             try:  # the flags go to every config: say which one refuses them
                 config = train.get_config(
                     [path, *flags, f"--out_dir={out_dir}", f"--seed={seed}"])
-                settings.model_args_of(config)  # a bad model setting fails here, not in every run
             except ConfigError as e:
                 raise ConfigError(str(e) if path in str(e) else f"{path}: {e}") from None
             runs.append(Run(len(runs) + 1, len(seeds) * len(configs), name, path, seed, config))
@@ -206,8 +203,8 @@ def settings_differ(start, config):
         return os.path.realpath(a) == os.path.realpath(b) if key == "data_dir" else a == b
     differ = [f"{key} {start['config'].get(key)!r} (this study: {config[key]!r})"
               for key in SAME_RUN_KEYS if not same(key, start["config"].get(key), config[key])]
-    saved = settings.saved_model_args(start["model_type"], start.get("model_args", {}))
-    if saved != json.loads(json.dumps(settings.model_args_of(config))):
+    saved = train.saved_model_args(start["model_type"], start.get("model_args", {}))
+    if saved != json.loads(json.dumps(train.model_args_of(config))):
         differ.append("the model settings")
     return differ
 
@@ -256,11 +253,35 @@ def pick_gpus(gpus):
     return list(range(count)) if count > 1 else [None]
 
 
+class StopRequest:
+    """Within it, the first stop signal sets .signum: no run starts from then on, and run_jobs
+    passes the signal on to the running runs, which save their state and stop. A second signal
+    stops the study at once, and run_jobs stops the runs as it leaves."""
+
+    def __enter__(self):
+        self.signum = None
+        self.previous = {signum: signal.signal(signum, self.heard)
+                         for signum in configurator.STOP_SIGNALS}
+        return self
+
+    def heard(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            raise Stopped(signum, f"stopped at once by a second {name}")
+        self.signum = signum
+        configurator.say(f"{name}: passed on to the running runs, which stop after their current "
+                         "step with their state saved; a second signal stops at once")
+
+    def __exit__(self, *exception):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
 def run_jobs(jobs, slots, launch, on_done, on_tick, stop=None, poll_s=0.1):
     """Starts each job, in order, on a free slot (one job per slot at a time) with
     launch(job, slot) -> a process (subprocess.Popen or alike); calls on_done(job, exit code)
     as each ends (within poll_s) and on_tick() in between. Once stop.signum is set
-    (cli.StopRequests), starts nothing more, passes the signal on to the running processes at
+    (StopRequest), starts nothing more, passes the signal on to the running processes at
     once and waits for them to end. Leaving early (an exception) stops the running processes."""
     pending, free, running = list(jobs), list(slots), []
     with sleep_that_a_signal_ends() as sleep:
@@ -386,14 +407,14 @@ class Progress:
 
 def train_runs(runs, slots, flags, progress_s, stop=None):
     """Trains the runs that are not finished; returns the runs that failed. A signal (stop, a
-    cli.StopRequests) is passed on to the running runs, which save their state and stop."""
+    StopRequest) is passed on to the running runs, which save their state and stop."""
     todo = [run for run in runs if run.state in ("new", "restart", "resume")]
     finished = [run.name for run in runs if run.state == "finished"]
     if finished:
         say(f"finished before: {', '.join(finished)}")
     for data_dir in sorted({run.config["data_dir"] for run in todo}):
         config = next(run.config for run in todo if run.config["data_dir"] == data_dir)
-        data.check_data(data_dir, config["block_size"], config["vocab_size"])
+        train.check_data(data_dir, config["block_size"], config["vocab_size"])
     if todo:
         say(f"{len(todo)} of {len(runs)} runs to train, {len(slots)} at a time")
     else:
@@ -593,7 +614,7 @@ def tabulate(runs, seeds, flags, threshold):
         finished = [r for r in results if r["finished"]]
         config = config_runs[0].config
         match = report.writeup_match(dict(model_type=config["model_type"],
-                                          model_args=settings.model_args_of(config), config=config))
+                                          model_args=train.model_args_of(config), config=config))
         rows.append(dict(
             config=name, config_path=config_runs[0].config_path,
             params=next((r["params"] for r in results if "params" in r), None),
@@ -740,7 +761,7 @@ def write_table(runs, args):
     out_root = args.out_root
     os.makedirs(out_root, exist_ok=True)
     for name, content in (("study.md", text), ("study.json", json.dumps(table, indent=1) + "\n")):
-        cli.write_atomically(os.path.join(out_root, name), lambda f: f.write(content.encode()))
+        train.write_atomically(os.path.join(out_root, name), lambda f: f.write(content.encode()))
     print(text, end="")
     print(f"wrote {os.path.join(out_root, 'study.md')} and study.json")
     return table
@@ -852,52 +873,39 @@ def draw_picture(table, args):
     import matplotlib.pyplot as plt
     fig = study_figure(table, plt)
     try:
-        cli.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+        train.write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
     finally:
         plt.close(fig)
     print(f"wrote {path}")
 
 
-def plan():
-    """What a first signal is told at once, while the runs finish their steps."""
-    return ("passed on to the running runs, which stop after their current step with their "
-            "state saved")
-
-
 def train_study(runs, slots, args):
-    """Trains the runs that are not finished; returns those that failed. A signal is passed on
-    to the running runs; once they saved their state and stopped, the table is written and
-    cli.Stopped raised."""
+    """Trains the runs that are not finished; returns those that failed. After a stop signal,
+    once the running runs saved their state and stopped, writes the table and raises Stopped."""
     for run in runs:
         find_state(run)
-    with cli.StopRequests(plan) as stop:
+    with StopRequest() as stop:
         failed = train_runs(runs, slots, args.flags, args.progress_s, stop)
     if stop.signum:
         write_table(runs, args)
         name = signal.Signals(stop.signum).name
-        raise cli.Stopped(stop.signum, f"stopped by {name}: every run that was training saved "
-                                       f"its state; the same command resumes the study")
+        raise Stopped(stop.signum, f"stopped by {name}: every run that was training saved its "
+                                   "state; the same command resumes the study")
     return failed
 
 
-@cli.main
+@configurator.script
 def main(argv):
     """Command-line entry: 0 when every run finished, 1 when one failed, 2 for bad input."""
     args = parse_args(argv)
     runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
     slots = pick_gpus(args.gpus)
     # one study per out_root: a second would take the first's runs for failed ones
-    lock = None
-    if not args.report_only:
-        lock = FolderLock(args.out_root, "study.lock", "study.py", "out_root")
+    lock = None if args.report_only else train.lock_folder(args.out_root, "study.lock", "study.py")
     try:
         failed = [] if args.report_only else train_study(runs, slots, args)
         table = write_table(runs, args)
         draw_picture(table, args)
-    except BaseException:
-        if lock:  # removes out_root if the lock made it and nothing was written there since
-            lock.undo()
-        raise
     finally:
         if lock:
             lock.close()
@@ -908,4 +916,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.exit_now(main())  # without the interpreter's teardown of torch's modules, a second or more
+    configurator.exit_now(main())  # without the slow teardown of torch

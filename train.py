@@ -1,23 +1,31 @@
 """
 Trains one of the three models (baseline, future attention, auto-regressive encoder-decoder) on
-the token files of prepare_wikipedia.py. DEFAULTS are the write-ups' training settings, the
-model's are its GPTConfig's; a config file and --key=value flags change any of them.
+the token files of prepare_wikipedia.py, with the write-ups' settings (DEFAULTS) changed by a
+config file and --key=value flags.
 
     python train.py config/tiny_cpu.py                         # a CPU, a few minutes
     python train.py config/future50_mse.py                     # one GPU: compile + bf16
     python train.py config/future50_mse.py --init_from=resume  # go on from out_dir/ckpt.pt
-    python train.py config/tiny_cpu.py --help                  # every key with its value
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs
 
-Rank 0 logs, and saves ckpt.pt at every evaluation and best.pt when val improved. Ctrl-C stops
-after the step, its state saved.
+Ctrl-C stops after the step under way, with its state saved.
 """
 
+import dataclasses
+import fcntl
+import hashlib
+import importlib.util
 import itertools
+import json
 import math
 import os
+import shutil
+import signal
+import socket
+import sys
 import time
-from contextlib import nullcontext
+import zipfile
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -26,15 +34,18 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from lib import checkpoint, cli, data, guards, log, machine, settings
+import model_baseline
+import model_encdec
+import model_future_attn
+from configurator import ConfigError, Stopped, UserError, say
 
-# --------------------------------------------------------------------------------------
+# ----------------------------------------
 # the settings
 
 DEFAULTS = dict(
     model_type="baseline",  # 'baseline', 'future_attn' or 'encdec': which model_<type>.py
     # I/O
-    data_dir=data.DEFAULT_DATA_DIR,  # train.bin and val.bin of prepare_wikipedia.py
+    data_dir="data/wikipedia",  # train.bin and val.bin of prepare_wikipedia.py
     out_dir="out",  # gets log.jsonl, ckpt.pt (the latest state) and best.pt (the best model)
     eval_interval=500,  # optimizer steps between evaluations and saves
     eval_iters=200,  # batches per split per evaluation
@@ -42,7 +53,6 @@ DEFAULTS = dict(
     eval_only=False,  # with init_from='resume': evaluate ckpt.pt once and exit
     init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
     overwrite=False,  # let a new run delete the run in out_dir
-    new_data=False,  # with init_from='resume': go on with other data than the checkpoint's
     wandb_log=False,  # also log to Weights & Biases (needs `pip install wandb`)
     wandb_project="transformer-ideas",
     wandb_run_name="run",
@@ -63,39 +73,179 @@ DEFAULTS = dict(
     min_lr=9e-5,
     # system
     device="cuda" if torch.cuda.is_available() else "cpu",  # 'cpu', 'cuda', 'cuda:1', ..., 'mps'
-    dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto: bf16 (or fp16) on CUDA, fp32 on CPU
+    dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto: bf16 (or fp16) on CUDA, else fp32
     compile=True,  # torch.compile the model; on a CPU or MPS only when asked (slow to compile)
     backend="nccl",  # process-group backend on CUDA; CPU runs always use gloo
     seed=1337,
 )
-EVAL_SEED_OFFSET = 1_000_000  # eval batches use seed + this, a seed no rank trains with
+MODELS = {"baseline": model_baseline, "future_attn": model_future_attn, "encdec": model_encdec}
+RULES = [  # (keys, test, the rule)
+    (["init_from"], lambda value: value in ("scratch", "resume"), "'scratch' or 'resume'"),
+    (["dtype"], lambda value: value in ("auto", "float32", "bfloat16", "float16"),
+     "'auto', 'float32', 'bfloat16' or 'float16'"),
+    (["batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"],
+     lambda value: value >= 1, "at least 1"),
+    (["learning_rate"], lambda value: value > 0, "> 0"),
+    (["beta1", "beta2"], lambda value: 0 <= value < 1, "in [0, 1)"),
+    (["seed", "max_iters", "warmup_iters", "weight_decay", "grad_clip", "min_lr"],
+     lambda value: value >= 0, ">= 0"),
+]
+# a GPU's dense bf16 FLOP/s, for the MFU, by a part of its name (its variants first)
+PEAK_FLOPS = {"h100 nvl": 835e12, "h100 pcie": 756e12, "h100": 989.4e12, "h200 nvl": 835e12,
+              "h200": 989.4e12, "a100": 312e12}
 
 
-def get_config(argv, script_keys=(), check_model=False):
-    """The checked config of `[config_file.py ...] [--key=value ...]` (lib/settings.py)."""
-    return settings.get_config(DEFAULTS, argv, script_keys, check_model)
+def get_config(argv, script_keys=()):
+    """DEFAULTS and the model's GPTConfig fields, changed by argv and checked. script_keys are
+    the calling script's own."""
+    files, overrides = configurator.parse(argv)
+    # the model decides the keys, so model_type comes first: its flag, its file, or the default
+    model_type = overrides.get("model_type") or files.get("model_type", DEFAULTS["model_type"])
+    if model_type not in MODELS:
+        raise ConfigError(f"model_type must be one of {', '.join(MODELS)}, got {model_type!r}")
+    defaults = dict(DEFAULTS, model_type=model_type)
+    for field in dataclasses.fields(MODELS[model_type].GPTConfig):
+        defaults[field.name] = field.default
+    config = configurator.merge(defaults, files, overrides, script_keys)
+    if not config["device"].startswith("cuda") and "compile" not in {**files, **overrides}:
+        config["compile"] = False  # compiling is slow on a CPU and young on MPS: only when asked
+    problems = [f"{key} must be {rule}, got {config[key]!r}"
+                for keys, ok, rule in RULES for key in keys if not ok(config[key])]
+    if config["decay_lr"] and config["warmup_iters"] >= config["lr_decay_iters"]:
+        problems.append("warmup_iters must be below lr_decay_iters, or set --decay_lr=False")
+    if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:
+        problems.append("min_lr must not exceed learning_rate")
+    processes = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+    if config["gradient_accumulation_steps"] % processes:
+        problems.append(f"gradient_accumulation_steps must be divisible by the {processes} "
+                        "processes")
+    if config["eval_only"] and config["init_from"] != "resume":
+        problems.append("eval_only=True evaluates a run's ckpt.pt: add --init_from=resume")
+    if config["wandb_log"] and importlib.util.find_spec("wandb") is None:
+        problems.append("wandb_log=True needs wandb: `pip install wandb`")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    check_device(config["device"])
+    model_args_of(config)  # the model's own checks
+    return config
 
 
-# --------------------------------------------------------------------------------------
-# the data, the learning rate, the loss estimate
+def check_device(device):
+    """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon), and be there."""
+    try:
+        kind, index = torch.device(device).type, torch.device(device).index or 0
+    except RuntimeError:
+        kind, index = None, 0
+    there = dict(cpu=True, cuda=index < torch.cuda.device_count(),
+                 mps=torch.backends.mps.is_available())
+    if not there.get(kind):
+        raise ConfigError(f"device={device!r} is not on this machine: use cpu, or cuda, cuda:N or "
+                          "mps where there is one")
+
+
+def model_args_of(config):
+    """The chosen model's GPTConfig fields, as the dataclass resolves them."""
+    module = MODELS[config["model_type"]]
+    args = {field.name: config[field.name] for field in dataclasses.fields(module.GPTConfig)}
+    try:
+        return dataclasses.asdict(module.GPTConfig(**args))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def saved_model_args(model_type, model_args):
+    """Saved GPTConfig fields as they resolve today (a field added since takes its default), as
+    JSON holds them."""
+    try:
+        fields = dataclasses.asdict(MODELS[model_type].GPTConfig(**model_args))
+    except (KeyError, TypeError, ValueError):  # a model or a field that is no more
+        return model_args
+    return json.loads(json.dumps(fields))
+
+
+def build_model(model_type, model_args):
+    module = MODELS[model_type]
+    return module.GPT(module.GPTConfig(**model_args))
+
+
+def autocast_for(dtype, device_type):
+    """(dtype, its autocast context). 'auto' is bf16 on CUDA (else fp16) and fp32 elsewhere."""
+    if dtype == "auto":
+        dtype = "float32"
+        if device_type == "cuda":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype == "float32":
+        return dtype, nullcontext()
+    return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def peak_flops(device):
+    """The GPU's peak FLOP/s, or None (no MFU)."""
+    name = torch.cuda.get_device_name(device).lower() if device.startswith("cuda") else ""
+    return next((flops for part, flops in PEAK_FLOPS.items() if part in name), None)
+
+
+# ----------------------------------------
+# the data: GPT-2 token ids as uint16 in train.bin and val.bin, their sha256 in meta.json
+
+
+def check_data(data_dir, block_size, vocab_size):
+    """Refuses data that would fail mid-run; returns its identity, which checkpoints record."""
+    meta_path, identity = os.path.join(data_dir, "meta.json"), {"data_dir": data_dir}
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        meta = {}  # data made elsewhere
+    except (OSError, ValueError) as e:
+        raise UserError(f"{meta_path} cannot be read ({e}): prepare the data again") from None
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        if not os.path.isfile(path):
+            raise UserError(f"no data at {path}: prepare it with prepare_wikipedia.py")
+        n_tokens, odd = divmod(os.path.getsize(path), 2)
+        if odd or n_tokens <= block_size:
+            raise UserError(f"{path} must hold whole uint16 tokens, more than block_size: "
+                            "prepare the data again, or more of it")
+        with open(path, "rb") as f:
+            sha256 = identity[f"{split}_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+        recorded = meta.get(split, {})
+        if recorded.get("sha256", sha256) != sha256:
+            raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare it again")
+        max_token_id = recorded.get("max_token_id")
+        if max_token_id is None:  # not recorded: read the tokens once
+            max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
+        if max_token_id >= vocab_size:
+            raise UserError(f"{path} holds token id {max_token_id}: set --vocab_size to more")
+    return identity
+
+
+def data_stamps(data_dir):
+    """The size and time of each data file: a cheap sign that it was written again."""
+    paths = [os.path.join(data_dir, name) for name in ("train.bin", "val.bin", "meta.json")]
+    return [(os.stat(path).st_size, os.stat(path).st_mtime_ns) if os.path.exists(path) else None
+            for path in paths]
 
 
 def get_batch(data_dir, split, generator, batch_size, block_size, device):
-    """batch_size random windows of split.bin: x (B, T) and y, x shifted by one token."""
-    # a fresh memmap per batch: a long-lived np.memmap leaks memory
+    """batch_size random windows of split.bin: x (B, T), and y, x shifted by one token."""
+    # a memmap per batch: a long-lived np.memmap leaks memory
     tokens = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
     starts = torch.randint(len(tokens) - block_size, (batch_size, 1), generator=generator).numpy()
     windows = torch.from_numpy(tokens[starts + np.arange(block_size + 1)].astype(np.int64))
     x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
     if device.startswith("cuda"):
-        # pinned memory lets the copy run while the GPU works
         x, y = x.pin_memory(), y.pin_memory()
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    return x.to(device), y.to(device)  # no pinned memory on MPS; on a CPU, the same tensors
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # while it computes
+    return x.to(device), y.to(device)
+
+
+# ----------------------------------------
+# the learning rate, the loss estimate and the gradients of one optimizer step
 
 
 def get_lr(it, config):
-    """Linear warmup for warmup_iters, then cosine decay to min_lr at lr_decay_iters (nanoGPT)."""
+    """Linear warmup for warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
     lr, min_lr = config["learning_rate"], config["min_lr"]
     if not config["decay_lr"]:
         return lr
@@ -109,240 +259,594 @@ def get_lr(it, config):
 
 @torch.no_grad()
 def estimate_loss(model, config, device, autocast):
-    """Mean eval-mode loss (plain cross-entropy) over eval_iters batches of each split."""
-    # the same batches each time, from a generator of their own: estimates differ by the model
-    # only, and evaluating never moves the training batches
-    generator = torch.Generator().manual_seed(config["seed"] + EVAL_SEED_OFFSET)
+    """The mean eval-mode cross-entropy over eval_iters batches of each split."""
+    # The same batches at every evaluation, from a generator of their own: estimates differ by
+    # the model alone, and the training batches do not move.
+    generator = torch.Generator().manual_seed(config["seed"] + 1_000_000)
     model.eval()
     means = []
     for split in ("train", "val"):
-        total = 0  # on the device: no sync per batch
+        total = 0  # on the device: no batch waits for the host
         for _ in range(config["eval_iters"]):
             X, Y = get_batch(config["data_dir"], split, generator, config["batch_size"],
                              config["block_size"], device)
             with autocast:
-                loss = model(X, Y)[1]  # the logits go at once, not kept through the next one
-            total = total + loss.float()
+                total = total + model(X, Y)[1].float()
         means.append(total / config["eval_iters"])
     model.train()
     train_loss, val_loss = torch.stack(means).tolist()  # one read from the device
     return dict(train_loss=train_loss, val_loss=val_loss)
 
 
-# --------------------------------------------------------------------------------------
-# one optimizer step's gradients
-
-
-def forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimizer, grad_clip):
-    """One step's gradients over accum_steps micro-batches, unscaled (fp16), clipped at grad_clip
-    if > 0. Returns the means over micro-steps and processes of loss (what the gradients come
-    from: the cross-entropy plus the weighted aux losses), cross_entropy, grad_norm and aux."""
+def forward_backward(model, batches, accum_steps, autocast, scaler, ddp=False):
+    """Sums one optimizer step's gradients over accum_steps micro-batches. Returns the mean loss
+    they come from (the cross-entropy plus the weighted auxiliary losses), the cross-entropy and
+    each auxiliary loss, as tensors on the device."""
+    means = {}
     X, Y = next(batches)
-    means = {}  # loss, cross_entropy and each aux loss over the micro-steps, on the device
     for micro_step in range(accum_steps):
         last = micro_step == accum_steps - 1
-        # DDP averages the gradients over the processes in the last backward only
+        # DDP averages the gradients over the processes in the last backward pass only
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast:
                 logits, loss, aux = model(X, Y)
-            with torch.no_grad():  # the cross-entropy alone, as the evaluations measure it
+            with torch.no_grad():  # what the evaluations measure
                 cross_entropy = F.cross_entropy(logits.flatten(0, 1).float(), Y.flatten())
-            del logits  # not kept alive through the next forward
+            del logits  # not kept alive through the next forward pass
             if not last:
-                X, Y = next(batches)  # fetch while the GPU computes
-            # divided, the summed gradients are those of the mean loss
-            scaler.scale(loss / accum_steps).backward()
+                X, Y = next(batches)  # the next batch is copied while the GPU computes
+            scaler.scale(loss / accum_steps).backward()  # the gradients of the mean loss
         for name, value in dict(loss=loss, cross_entropy=cross_entropy, **aux).items():
             means[name] = means.get(name, 0) + value.detach().float() / accum_steps
-    scaler.unscale_(optimizer)  # the true gradients, not fp16's scaled ones
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if grad_clip > 0:
-        means["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        means["grad_norm"] = torch.nn.utils.get_total_norm([p.grad for p in params])
-    flat = torch.cat([value.float().view(-1) for value in means.values()])
-    if ddp:  # every rank then sees the same numbers
+    return means
+
+
+def read_numbers(numbers, ddp):
+    """Tensors on the device as numbers (a list for a per-layer loss), read in one copy; under
+    DDP, the means over the processes."""
+    flat = torch.cat([value.float().view(-1) for value in numbers.values()])
+    if ddp:
         dist.all_reduce(flat)
         flat /= dist.get_world_size()
-    parts = flat.cpu().split([value.numel() for value in means.values()])  # one read per step
-    numbers = {name: part.tolist() if value.dim() else part.item()  # a list: the per-layer loss
-               for (name, value), part in zip(means.items(), parts)}
-    numbers["aux"] = {name: numbers.pop(name) for name in aux}
-    return numbers
+    values = iter(flat.tolist())
+    return {name: [next(values) for _ in range(value.numel())] if value.dim() else next(values)
+            for name, value in numbers.items()}
 
 
-# --------------------------------------------------------------------------------------
+# ----------------------------------------
+# checkpoints: ckpt.pt holds all that a resumed run needs, best.pt the best model; tensors and
+# plain values only, which torch.load(weights_only=True) reads without running code
+
+FORMAT = "train.py checkpoint v1"  # changes with the layout
+MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
+TRAINING_KEYS = MODEL_KEYS + ("last_eval_iter", "data", "optimizer", "scaler", "rng")
+
+
+@dataclasses.dataclass
+class RunState:
+    """Where the run is: the loop changes it, ckpt.pt saves it, a resume restores it."""
+
+    iter_num: int = 0  # optimizer steps taken
+    best_val_loss: float = math.inf
+    last_eval_iter: int = None
+    last_good_iter: int = None  # the iteration that ckpt.pt holds
+    diverging: bool = False  # the last val loss was too far above the best to be saved
+    data: dict = None  # data_dir and the sha256 of each split
+
+    def may_save_latest(self, evaluated):
+        """ckpt.pt takes the state after an evaluation, or between evaluations when it does not
+        hold this iteration yet, unless the run diverges."""
+        return not self.diverging and (evaluated or self.last_good_iter != self.iter_num)
+
+
+def write_atomically(path, write, size=0):
+    """write(f) to path.tmp, renamed to path: a failure leaves the previous file whole. size, what
+    write() writes, tells a full disk behind torch.save's error."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename
+        os.replace(path + ".tmp", path)
+    except Exception as e:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        if isinstance(e, OSError) or free < size:
+            cause = getattr(e, "strerror", None) or "no space left on device"
+            raise UserError(f"cannot write {path}: {cause.lower()} ({free / 1e6:,.1f} MB free); "
+                            "make space, or write elsewhere") from None
+        raise
+
+
+def save_checkpoint(path, checkpoint, config):
+    """Writes a checkpoint atomically, if it holds nothing non-finite."""
+    tensors = dict(named_tensors(checkpoint))
+    finite = {}  # one read per device: AdamW's step counts stay on the CPU
+    for t in tensors.values():
+        if t.is_floating_point():
+            finite.setdefault(t.device, []).append(t.isfinite().all())
+    if not all(torch.stack(flags).all().item() for flags in finite.values()):
+        bad = next(name for name, t in tensors.items() if not t.isfinite().all())
+        raise diverged(f"iteration {checkpoint['iter_num']}: non-finite values in {bad}", config,
+                       checkpoint["last_good_iter"])
+    # the tied embedding and head share a storage, written once
+    size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors.values()}.values())
+    write_atomically(path, lambda f: torch.save(checkpoint, f), size)
+
+
+def named_tensors(value, name=""):
+    """(name/key/..., tensor) for each tensor in nested dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (dict, list, tuple)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            yield from named_tensors(item, f"{name}/{key}" if name else str(key))
+
+
+def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
+    """A checkpoint of train.py's that holds `keys`, on the CPU."""
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}: train one first")
+    try:  # each member of the zip has a CRC32, which flipped bits fail
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+        # never weights_only=False, which would run the file's code
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception:
+        checkpoint = damaged = "unreadable"
+    if damaged or not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+        raise UserError(f"{path} is damaged, or not a checkpoint of this train.py: use a good "
+                        "copy, or train again")
+    if missing := [key for key in keys if key not in checkpoint]:
+        raise UserError(f"{path} lacks {', '.join(missing)}: it is not a training state")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint):
+    try:
+        model = build_model(checkpoint["model_type"], checkpoint["model_args"])
+        model.load_state_dict(checkpoint["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # KeyError: an unknown model
+        raise UserError(f"the checkpoint does not fit model_{checkpoint['model_type']}: "
+                        f"{str(e).splitlines()[0]}") from None
+    return model
+
+
+def resume(config, data):
+    """out_dir/ckpt.pt, checked against the config and the data, and the run's state it holds."""
+    out_dir = config["out_dir"]
+    checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), TRAINING_KEYS)
+    recorded = saved_model_args(checkpoint["model_type"], checkpoint["model_args"])
+    differ = [f"{key} {recorded.get(key)!r}" for key, value in model_args_of(config).items()
+              if recorded.get(key) != value]
+    if checkpoint["model_type"] != config["model_type"]:
+        differ = [f"model_type {checkpoint['model_type']!r}"]
+    if differ:
+        raise UserError(f"cannot resume: the checkpoint holds another model ({', '.join(differ)})")
+    saved = checkpoint["data"]
+    if (saved["train_sha256"], saved["val_sha256"]) != (data["train_sha256"], data["val_sha256"]):
+        raise UserError(f"cannot resume: {out_dir}/ckpt.pt trained on other data ("
+                        f"{saved['data_dir']}, sha256 train {saved['train_sha256'][:12]}, val "
+                        f"{saved['val_sha256'][:12]}): resume on that data, or start a new run")
+    fields = [field.name for field in dataclasses.fields(RunState)]
+    state = RunState(**{name: checkpoint[name] for name in fields if name in checkpoint})
+    state.last_good_iter, state.data = state.iter_num, data
+    return checkpoint, state
+
+
+def rng_states(batch_generator, world_size):
+    """Every rank's random states: torch's (dropout), CUDA's and the training batches'."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+    state = dict(torch=torch.get_rng_state(), cuda=cuda, batches=batch_generator.get_state())
+    states = [state] * world_size
+    if world_size > 1:
+        dist.all_gather_object(states, state)
+    return states
+
+
+# ----------------------------------------
+# the log: rank 0 prints each record, and appends it to out_dir/log.jsonl and wandb
+
+
+def log(path, record, wandb=None):
+    try:
+        print(console_line(record), flush=True)
+    except OSError:  # a closed pipe or terminal, whose SIGPIPE or SIGHUP asks for a stop
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    # JSON has no NaN or infinity: such a number becomes null, and its name is listed
+    nonfinite = [name for name, value in flat(record) if not math.isfinite(value)]
+    record = json.loads(json.dumps(record), parse_constant=lambda constant: None)
+    record.update(time=time.time(), **({"nonfinite": nonfinite} if nonfinite else {}))
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror.lower()}") from None
+    if wandb:
+        wandb.log(dict(flat(record, record["type"])))
+
+
+def console_line(record):
+    kind = record["type"]
+    if kind == "start":
+        return (f"{record['model_type']}: {record['num_params']:,} parameters, "
+                f"{record['tokens_per_iter']:,} tokens per iteration")
+    if kind == "train":  # the cross-entropy first, as the evaluations measure it
+        aux = "".join(f", {name} {value:.4f}" for name, value in record["aux"].items()
+                      if not isinstance(value, list))
+        total = f", total loss {record['loss']:.4f}" if aux else ""
+        mfu = f", mfu {record['mfu'] * 100:.1f}%" if record["mfu"] is not None else ""
+        return (f"iter {record['iter']}: cross-entropy {record['cross_entropy']:.4f}{aux}{total}, "
+                f"grad norm {record['grad_norm']:.3g}, lr {record['lr']:.2e}, "
+                f"{record['ms_per_iter']:.1f} ms/iter, {record['tokens_per_s']:,.0f} tokens/s{mfu}")
+    losses = f"train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+    if kind == "eval_only":
+        return f"evaluation only, of iteration {record['iter']} on {record['data_dir']}: {losses}"
+    best = ", the best so far" if record["best"] else f" (best {record['best_val_loss']:.4f})"
+    return f"eval at iter {record['iter']}: {losses}{best}"
+
+
+def flat(value, name=""):
+    """(name/key/..., number) for each number in nested dicts and lists (items from 1)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield name, value
+    elif isinstance(value, (dict, list)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value, 1):
+            yield from flat(item, f"{name}/{key}" if name else str(key))
+
+
+# ----------------------------------------
+# the run's guards: the out_dir, stop signals, errors of rank 0, divergence
+
+
+def lock_folder(folder, name, program):
+    """An flock on folder/name, a file naming its holder. The kernel releases it however the
+    process ends: a killed holder never blocks the folder."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, name), "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise UserError(f"{folder} is in use by {lock.read()}: wait for it to end, or use "
+                        "another folder") from None
+    except OSError as e:
+        raise UserError(f"cannot create {folder}: {e.strerror.lower()}") from None
+    lock.truncate(0)
+    lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
+    lock.flush()
+    return lock
+
+
+def claim_out_dir(config):
+    """Locks out_dir. A new run replaces a run there (ckpt.pt or best.pt) only when asked; to a
+    log.jsonl alone, of a launch that saved nothing, it adds its records."""
+    out_dir = config["out_dir"]
+    lock = lock_folder(out_dir, "train.lock", "train.py")
+    existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
+                if os.path.exists(os.path.join(out_dir, name))]
+    if config["init_from"] == "scratch" and existing and config["overwrite"]:
+        for name in existing:
+            os.remove(os.path.join(out_dir, name))
+        print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
+    elif config["init_from"] == "scratch" and {"ckpt.pt", "best.pt"} & set(existing):
+        lock.close()
+        raise UserError(f"{out_dir} already holds a run ({', '.join(existing)}): continue it "
+                        "with --init_from=resume, or replace it with --overwrite=True")
+    return lock
+
+
+class StopSignals:
+    """The first stop signal (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1, or the SIGPIPE of a closed
+    stdout, as after `train.py | head`) sets .signum, which the loop reads after each step to
+    save and stop. A second ends the process at once; the atomic writes leave every file whole.
+    Under torchrun, the same signal within 5 s is torchrun passing the first on."""
+
+    def __init__(self, speak, passed_on):
+        self.signum, self.speak, self.passed_on = None, speak, passed_on
+
+    def __enter__(self):
+        signals = (*configurator.STOP_SIGNALS, signal.SIGPIPE)
+        self.previous = {signum: signal.signal(signum, self.request) for signum in signals}
+        return self
+
+    def request(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum, self.until = signum, time.monotonic() + 5
+            if self.speak:
+                say(f"{name}: stopping after the step under way, with its state saved; a second "
+                    "signal stops at once")
+        elif signum != signal.SIGPIPE and not (
+                self.passed_on and signum == self.signum and time.monotonic() < self.until):
+            say(f"stopped at once by a second {name}")
+            configurator.exit_now(128 + signum)
+
+    def __exit__(self, *exception):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def agreed(self, ddp):
+        """The signal any process got: all stop after the same step."""
+        if not ddp:
+            return self.signum
+        flag = torch.tensor([self.signum or 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() or None
+
+
+@contextmanager
+def rank0_decides(ddp):
+    """A UserError that rank 0 meets within it stops every process."""
+    problem = None
+    try:
+        yield
+    except UserError as e:
+        problem = e
+    if ddp:
+        shared = [problem]
+        dist.broadcast_object_list(shared, src=0)
+        problem = shared[0]
+    if problem:
+        raise problem
+
+
+def diverged(what, config, last_good_iter):
+    """The error that stops a run gone non-finite, with how to go on at a lower learning rate."""
+    lr = min(config["learning_rate"] / 2, DEFAULTS["learning_rate"])
+    flags = f"--learning_rate={lr:g}" + (f" --min_lr={lr:g}" if config["min_lr"] > lr else "")
+    if last_good_iter is None:
+        return UserError(f"{what}: stopped, and nothing was saved; start again with "
+                         f"--overwrite=True {flags}")
+    return UserError(f"{what}: stopped, and nothing non-finite was saved; {config['out_dir']}/"
+                     f"ckpt.pt holds iteration {last_good_iter}, the last good one; resume it with "
+                     f"the same command and --init_from=resume {flags}")
+
+
+# ----------------------------------------
 # the run
 
 
-def eval_due(iter_num, last_eval_iter, config):
-    """An evaluation is due every eval_interval steps and at the end, once."""
-    at_eval = iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]
-    return at_eval and last_eval_iter != iter_num
+def train(config):
+    """Trains as the config says, in each process under torchrun; returns the model, iter_num and
+    best_val_loss. A stop signal ends it after the step under way, saved (Stopped)."""
+    master = int(os.environ.get("RANK", 0)) == 0  # rank 0 checks, logs and saves
+    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # under torchrun
+    device = config["device"]
+    if ddp:
+        if device.startswith("cuda"):
+            device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=config["backend"] if "cuda" in device else "gloo")
+    dtype = autocast_for(config["dtype"], torch.device(device).type)[0]
+    config = dict(config, device=device, dtype=dtype)  # logged and saved as resolved
+    with ExitStack() as cleanup:  # what the run holds, let go however it ends
+        if ddp:
+            cleanup.callback(dist.destroy_process_group)
+        if config["eval_only"]:
+            return evaluate_only(config) if master else None
+        signals = cleanup.enter_context(StopSignals(speak=master, passed_on=ddp))
+        state, checkpoint, stamps = RunState(), None, None
+        with rank0_decides(ddp):
+            if master:
+                stamps = data_stamps(config["data_dir"])  # before the slow hashing
+                state.data = check_data(config["data_dir"], config["block_size"],
+                                        config["vocab_size"])
+                if config["init_from"] == "resume":
+                    checkpoint, state = resume(config, state.data)
+                cleanup.enter_context(claim_out_dir(config))  # locked until the run ends
+                if checkpoint:
+                    print(f"resumed from iteration {state.iter_num} of {config['max_iters']}")
+        if ddp:  # every process starts where rank 0 does, from the same ckpt.pt
+            shared = [state]
+            dist.broadcast_object_list(shared, src=0)
+            state = shared[0]
+            if checkpoint is None and config["init_from"] == "resume":
+                checkpoint = load_checkpoint(f"{config['out_dir']}/ckpt.pt", TRAINING_KEYS)
+        try:
+            return run(config, signals, state, checkpoint, stamps)
+        except RuntimeError as e:  # an OutOfMemoryError on a GPU, a plain one on a CPU
+            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
+                raise
+            raise UserError(f"out of memory: {config['batch_size']} sequences of "
+                            f"{config['block_size']} tokens do not fit on {device}; lower "
+                            "--batch_size or --block_size") from None
 
 
-def upcoming(iter_num, last_eval_iter, config):
-    """What the run does next, as a stop signal is told: the evaluation due, or the next step."""
-    if eval_due(iter_num, last_eval_iter, config):
-        return f"the evaluation at iteration {iter_num}"
-    return f"iteration {iter_num + 1}"
-
-
-def build(config, model_args, device, rank, world_size, saved):
-    """The model (raw; compiled, in DDP), AdamW, the fp16 scaler and the batches' generator, as
-    ckpt.pt saved them when resuming."""
+def run(config, signals, state, checkpoint, stamps):
+    """The model, the optimizer and the loop, in one process."""
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    master, ddp, device = rank == 0, world_size > 1, config["device"]
+    autocast = autocast_for(config["dtype"], torch.device(device).type)[1]
+    ckpt_path, best_path, log_path = (os.path.join(config["out_dir"], name)
+                                      for name in ("ckpt.pt", "best.pt", "log.jsonl"))
     torch.manual_seed(config["seed"] + rank)  # each rank its own dropout and batches
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
+    raw_model, optimizer, scaler = build(config, rank, checkpoint, batch_generator)
+    del checkpoint  # its weights are in the model now, not to be held twice
+    model = torch.compile(raw_model) if config["compile"] else raw_model
+    if ddp:
+        # an encdec model without embedding loss has a LayerNorm that gets no gradient
+        unused = config["model_type"] == "encdec" and config["embedding_loss_type"] == "none"
+        model = DDP(model, device_ids=[device] if "cuda" in device else None,
+                    find_unused_parameters=unused)
+    eval_model = model.module if ddp else model  # rank 0 evaluates alone, outside DDP
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    batches = (get_batch(config["data_dir"], "train", batch_generator, config["batch_size"],
+                         config["block_size"], device) for _ in itertools.count())
+    accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
+    wandb = start_log(log_path, config, raw_model, state, world_size) if master else None
+    gpu_peak_flops = peak_flops(device)
+
+    def checkpoint_now(rng):  # (best.pt's, ckpt.pt's) of the state now
+        best = dict(format=FORMAT, model_type=config["model_type"], config=config,
+                    model_args=model_args_of(config), model=raw_model.state_dict(),
+                    **dataclasses.asdict(state))
+        return best, dict(best, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                          rng=rng)
+
+    while True:
+        # an evaluation every eval_interval steps and at the end, then the saves
+        due = state.iter_num % config["eval_interval"] == 0 or state.iter_num == config[
+            "max_iters"]
+        if due and state.last_eval_iter != state.iter_num:
+            state.last_eval_iter = state.iter_num
+            rng = rng_states(batch_generator, world_size)
+            with rank0_decides(ddp):  # what stops rank 0 here stops every process
+                if master and data_stamps(config["data_dir"]) != stamps:
+                    raise UserError(f"the data in {config['data_dir']} changed during the run: "
+                                    "stopped without saving; resume on the first data")
+                if master:
+                    losses = estimate_loss(eval_model, config, device, autocast)
+                    improved = judge_evaluation(state, losses, config, log_path, wandb)
+                    best, latest = checkpoint_now(rng)
+                    if improved:  # first, so that ckpt.pt never claims a newer best.pt
+                        save_checkpoint(best_path, best, config)
+                    if state.may_save_latest(evaluated=True):
+                        save_checkpoint(ckpt_path, latest, config)
+                        state.last_good_iter = state.iter_num
+        if state.iter_num >= config["max_iters"]:
+            break
+        if signum := signals.agreed(ddp):  # save, and stop
+            rng = rng_states(batch_generator, world_size)
+            if master and state.may_save_latest(evaluated=False):
+                save_checkpoint(ckpt_path, checkpoint_now(rng)[1], config)
+                state.last_good_iter = state.iter_num
+            raise Stopped(signum, "" if not master else (
+                f"stopped by {signal.Signals(signum).name} after iteration {state.iter_num}: "
+                f"{ckpt_path} holds iteration {state.last_good_iter}; continue with the same "
+                "command and --init_from=resume"))
+
+        # one optimizer step: forward and backward passes, unscale, clip, AdamW
+        t0 = time.time()
+        lr = get_lr(state.iter_num, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        numbers = forward_backward(model, batches, accum_steps, autocast, scaler, ddp)
+        scaler.unscale_(optimizer)  # fp16: the true gradients, not the scaled ones
+        if config["grad_clip"] > 0:
+            numbers["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, config["grad_clip"])
+        else:
+            grads = [p.grad for p in params if p.grad is not None]
+            numbers["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+        numbers = read_numbers(numbers, ddp)  # the one read from the device in a step
+        aux = {name: numbers.pop(name) for name in list(numbers)
+               if name not in ("loss", "cross_entropy", "grad_norm")}
+        check_step(state.iter_num + 1, numbers, aux, config, state.last_good_iter)
+        scaler.step(optimizer)  # fp16: skipped when a gradient is not finite
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        state.iter_num += 1
+        if master and state.iter_num % config["log_interval"] == 0:
+            dt = time.time() - t0  # the step alone, without an evaluation
+            sequences = config["batch_size"] * accum_steps  # this process's
+            mfu = gpu_peak_flops and raw_model.estimate_mfu(sequences, dt, gpu_peak_flops)
+            tokens_per_s = sequences * world_size * config["block_size"] / dt
+            log(log_path, dict(type="train", iter=state.iter_num, **numbers, aux=aux, lr=lr,
+                               ms_per_iter=dt * 1000, tokens_per_s=tokens_per_s, mfu=mfu), wandb)
+    if wandb:
+        wandb.finish()
+    return dict(model=raw_model, iter_num=state.iter_num, best_val_loss=state.best_val_loss)
+
+
+def build(config, rank, checkpoint, batch_generator):
+    """The model, AdamW and the fp16 gradient scaler, with this rank's random states, as a
+    resumed run's checkpoint saved them."""
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
     torch.backends.cudnn.allow_tf32 = True
-    device_type = torch.device(device).type  # AdamW is fused on CUDA only
-    raw_model = settings.build_model(config["model_type"], model_args).to(device)
-    optimizer = raw_model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                               (config["beta1"], config["beta2"]), device_type)
+    device_type = torch.device(config["device"]).type
+    model = build_model(config["model_type"], model_args_of(config)).to(config["device"])
+    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                           (config["beta1"], config["beta2"]), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")
-    if saved:
-        checkpoint.restore(saved, raw_model, optimizer, scaler, batch_generator, rank)
-    model = torch.compile(raw_model) if config["compile"] else raw_model
-    if world_size > 1:
-        # an encdec model without embedding loss keeps a LayerNorm that gets no gradient
-        unused = config["model_type"] == "encdec" and model_args["embedding_loss_type"] == "none"
-        model = DDP(model, device_ids=[torch.device(device)] if device_type == "cuda" else None,
-                    find_unused_parameters=unused)
-    return raw_model, model, optimizer, scaler, batch_generator  # DDP copies rank 0's weights
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint["scaler"]:  # empty when saved without fp16
+            scaler.load_state_dict(checkpoint["scaler"])
+        if rank < len(checkpoint["rng"]):  # a rank added since then keeps its seed
+            rng = checkpoint["rng"][rank]
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] is not None and torch.cuda.is_initialized():
+                torch.cuda.set_rng_state(rng["cuda"])
+            batch_generator.set_state(rng["batches"])
+    return model, optimizer, scaler
 
 
-def train(config, as_script=False):
-    """Trains as config says, in each process under torchrun; returns model, iter_num and
-    best_val_loss. A stop signal ends it after the step, its state saved (cli.Stopped)."""
-    under_way = "the evaluation at iteration 0"  # what a stop waits for, as a signal is told
-    with guards.launched(config, lambda: f"stopping after {under_way} with its state saved",
-                         as_script) as launch:
-        rank, world_size, device, data_identity, data_stamps, stop = launch
-        master, ddp = rank == 0, world_size > 1  # rank 0 logs and saves
-        dtype, autocast = machine.autocast_for(config["dtype"], torch.device(device).type)
-        config = dict(config, dtype=dtype)  # logged and saved as resolved
-        model_args, max_iters = settings.model_args_of(config), config["max_iters"]
-        ckpt_path, best_path, log_path = (os.path.join(config["out_dir"], name)
-                                          for name in ("ckpt.pt", "best.pt", "log.jsonl"))
+def start_log(path, config, model, state, world_size):
+    """The first record of a launch, on a line of its own; returns wandb if asked for."""
+    wandb = None
+    if config["wandb_log"]:  # first: it may fail, and nothing is logged yet
+        import wandb
 
-        saved = None  # a resumed run's ckpt.pt, checked against the config and the data
-        if config["init_from"] == "resume":
-            saved = checkpoint.load_resumable(ckpt_path, config)
-        if config["eval_only"]:
-            return evaluate_only(config, saved, device, autocast) if master else None
-        with guards.rank0_decides(ddp):
-            if saved and master:
-                checkpoint.check_resumed_data(saved, config, data_identity)
-        if saved and checkpoint.nothing_to_train(saved, config):
-            return dict(model=checkpoint.model_from_checkpoint(saved).to(device),
-                        iter_num=saved["iter_num"], best_val_loss=saved["best_val_loss"])
-
-        raw_model, model, optimizer, scaler, batch_generator = build(config, model_args, device,
-                                                                     rank, world_size, saved)
-        batches = (get_batch(config["data_dir"], "train", batch_generator, config["batch_size"],
-                             config["block_size"], device) for _ in itertools.count())
-        eval_model = model.module if ddp else model  # rank 0 evaluates alone, outside DDP
-
-        # the run's state: what the loop reads and changes, a resumed run's from ckpt.pt
-        resumed = saved or {}
-        iter_num, last_eval_iter = resumed.get("iter_num", 0), resumed.get("last_eval_iter")
-        best_val_loss = resumed.get("best_val_loss", math.inf)
-        first_val_loss = resumed.get("first_val_loss")  # the first evaluation's val loss
-        last_good = iter_num if saved else None  # the iteration ckpt.pt holds
-        diverging = False  # the last evaluation was too far above the best to be saved
-        accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
-        wandb = peak_flops = None
-        if master:
-            wandb = log.start(log_path, config, model_args, raw_model, world_size, iter_num,
-                              data_identity)
-            flops_per_step = raw_model.flops_per_token() * log.tokens_per_iter(config)
-            peak_flops = machine.speed_notes(device, flops_per_step)
-
-        def checked_state(rng):  # (best.pt's, ckpt.pt's) state; the run stops if not finite
-            state, full = checkpoint.states(
-                config, raw_model, optimizer, scaler, rng, iter_num=iter_num,
-                best_val_loss=best_val_loss, last_eval_iter=last_eval_iter,
-                first_val_loss=first_val_loss, data=data_identity)
-            guards.check_state(full, config, last_good)
-            return state, full
-
-        def stop_if_requested():  # a signal to any process: all stop after the same step
-            nonlocal under_way, last_good
-            # set before looking: a signal that comes later waits for what it says
-            under_way = upcoming(iter_num, last_eval_iter, config)
-            if signum := guards.stop_requested(stop, ddp, device):
-                rng = checkpoint.rng_states(batch_generator, world_size)
-                if master and not diverging and last_eval_iter != iter_num:  # else saved
-                    checkpoint.save_checkpoint(ckpt_path, checked_state(rng)[1])
-                    last_good = iter_num
-                raise guards.stopped(signum, iter_num, config, last_good, master)
-
-        under_way = upcoming(iter_num, last_eval_iter, config)
-        while True:
-            if eval_due(iter_num, last_eval_iter, config):
-                rng = checkpoint.rng_states(batch_generator, world_size)
-                last_eval_iter = iter_num
-                with guards.rank0_decides(ddp):  # what stops rank 0 here stops every process
-                    if master:
-                        guards.check_data_unchanged(config, data_stamps)
-                        losses = estimate_loss(eval_model, config, device, autocast)
-                        improved = log.evaluation(log_path, iter_num, losses, best_val_loss, wandb)
-                        val_loss = losses["val_loss"]
-                        best_val_loss = val_loss if improved else best_val_loss
-                        diverging = guards.check_evaluation(iter_num, losses, best_val_loss,
-                                                            first_val_loss, config, last_good)
-                        first_val_loss = val_loss if first_val_loss is None else first_val_loss
-                        state, full = checked_state(rng)
-                        if improved:  # first: ckpt.pt never claims a newer best.pt
-                            checkpoint.save_checkpoint(best_path, state)
-                        if not diverging:  # else ckpt.pt keeps the last good state
-                            checkpoint.save_checkpoint(ckpt_path, full)
-                            last_good = iter_num
-                if iter_num < max_iters:
-                    stop_if_requested()
-            if iter_num >= max_iters:
-                break
-            t0 = time.time()
-            lr = get_lr(iter_num, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            step = forward_backward(model, batches, accum_steps, autocast, scaler, ddp, optimizer,
-                                    config["grad_clip"])
-            guards.check_step(iter_num + 1, step, config, last_good)
-            scaler.step(optimizer)  # fp16: skipped when a gradient is not finite
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            iter_num += 1
-            if master and iter_num % config["log_interval"] == 0:
-                dt = time.time() - t0  # this step's seconds, as nanoGPT times them
-                sequences = config["batch_size"] * accum_steps  # this process's
-                mfu = peak_flops and raw_model.estimate_mfu(sequences, dt, peak_flops)
-                log.step(log_path, iter_num, step, lr, dt, config, mfu, wandb)
-            stop_if_requested()
-
-        if wandb:
-            wandb.finish()  # the process ends without the teardown that would
-        return dict(model=raw_model, iter_num=iter_num, best_val_loss=best_val_loss)
+        wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
+    if os.path.isfile(path) and os.path.getsize(path):  # after a launch killed mid-record
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+    tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    log(path, dict(type="start", model_type=config["model_type"], world_size=world_size,
+                   num_params=model.get_num_params(), tokens_per_iter=tokens,
+                   iter_num=state.iter_num, init_from=config["init_from"], config=config,
+                   model_args=model_args_of(config), data=state.data), wandb)
+    return wandb
 
 
-def evaluate_only(config, saved, device, autocast):
-    """--eval_only: the saved model's losses, logged apart from the run's own evaluations."""
-    model, iter_num = checkpoint.model_from_checkpoint(saved).to(device), saved["iter_num"]
-    losses = estimate_loss(model, config, device, autocast)
-    log.write(os.path.join(config["out_dir"], "log.jsonl"),
-              dict(type="eval_only", iter=iter_num, **losses, data_dir=config["data_dir"],
-                   eval_iters=config["eval_iters"]))
-    return dict(model=model, iter_num=iter_num, best_val_loss=None)
+def check_step(iteration, numbers, aux, config, last_good_iter):
+    """Stops the run before a non-finite loss or gradient changes the weights (under fp16, the
+    gradient scaler skips such a step)."""
+    checked = [("loss", numbers["loss"]), *flat(aux)]
+    if config["dtype"] != "float16":
+        checked.append(("gradient norm", numbers["grad_norm"]))
+    if bad := [name for name, value in checked if not math.isfinite(value)]:
+        values = ", ".join(f"{name} {value}" for name, value in checked)
+        raise diverged(f"iteration {iteration}: non-finite {', '.join(bad)} ({values})", config,
+                       last_good_iter)
 
 
-@cli.main
+def judge_evaluation(state, losses, config, log_path, wandb):
+    """Logs an evaluation, stops the run at non-finite losses, and updates the best val loss and
+    whether the run diverges. Returns whether val improved."""
+    val_loss = losses["val_loss"]
+    improved = math.isfinite(losses["train_loss"]) and val_loss < state.best_val_loss
+    log(log_path, dict(type="eval", iter=state.iter_num, **losses, best=improved,
+                       best_val_loss=val_loss if improved else state.best_val_loss), wandb)
+    if not all(map(math.isfinite, losses.values())):
+        raise diverged(f"non-finite losses at the evaluation of iteration {state.iter_num}",
+                       config, state.last_good_iter)
+    # a nat above the best: the run blew up, and ckpt.pt keeps the last good state
+    state.diverging = state.last_good_iter is not None and val_loss > state.best_val_loss + 1
+    if state.diverging:
+        say(f"warning: val loss {val_loss:.4f} is far above the best: {config['out_dir']}/ckpt.pt "
+            f"keeps iteration {state.last_good_iter}")
+    state.best_val_loss = min(state.best_val_loss, val_loss)
+    return improved
+
+
+def evaluate_only(config):
+    """--eval_only: the saved model's losses, logged apart from the run's."""
+    check_data(config["data_dir"], config["block_size"], config["vocab_size"])
+    checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"), TRAINING_KEYS)
+    model = model_from_checkpoint(checkpoint).to(config["device"])
+    autocast = autocast_for(config["dtype"], torch.device(config["device"]).type)[1]
+    with claim_out_dir(config):  # no run adds to the log meanwhile
+        losses = estimate_loss(model, config, config["device"], autocast)
+        log(os.path.join(config["out_dir"], "log.jsonl"), dict(
+            type="eval_only", iter=checkpoint["iter_num"], **losses, data_dir=config["data_dir"]))
+    return dict(model=model, iter_num=checkpoint["iter_num"], best_val_loss=None)
+
+
+@configurator.script
 def main(argv):
     if configurator.wants_help(argv):  # with the values the rest of argv gives
         print(configurator.usage(__doc__, get_config(argv)))
         return 0
-    train(get_config(argv, check_model=True), as_script=__name__ == "__main__")
+    train(get_config(argv))
     return 0
 
 
 if __name__ == "__main__":
-    cli.exit_now(main())  # without torch's slow teardown
+    configurator.exit_now(main())  # without the slow teardown of torch

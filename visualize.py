@@ -28,10 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from lib import cli
-from lib.checkpoint import load_checkpoint, model_from_checkpoint
-from lib.cli import ConfigError, UserError
+from configurator import ConfigError, UserError
 from sample import check_which, gpt2_tokenizer, model_path, read_prompt, read_settings
+from train import load_checkpoint, model_from_checkpoint, write_atomically
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to draw; repeat --out_dir=... to compare runs
@@ -195,11 +194,11 @@ def pyplot():
 
 
 def save(fig, path, dpi):
-    """Write atomically (cli.write_atomically): a temporary name in the same folder, then
+    """Write atomically (train.write_atomically): a temporary name in the same folder, then
     renamed."""
     try:
         # bbox_inches="tight": the picture holds all its text, whatever room the layout left
-        cli.write_atomically(
+        write_atomically(
             path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         fig.clf()
@@ -498,7 +497,7 @@ def visualize(config, out_dirs):
           f"{', '.join(runs)}")
 
 
-@cli.main
+@configurator.script
 def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
     if configurator.wants_help(argv):

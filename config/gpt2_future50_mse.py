@@ -15,41 +15,20 @@
 out_dir = "out-gpt2_future50_mse"
 model_type = "future_attn"
 
-# model: d704 H11 L12 (head size 64), context 1024, every layer with future attention
-vocab_size = 50257
+# The batch and the optimizer of config/gpt2_baseline.py, which explains them: 10 batch × 16
+# accum × 1024 tokens = 163,840 tokens per step, 9000 steps.
 block_size = 1024
+batch_size = 10
+
+# The model: d704 H11 L12 (head size 64), every layer with future attention.
 n_embd = 704
 n_head = 11
 n_layer = 12
-dropout = 0.0
-bias = False
 future_dim = 50  # the write-up's best: each query predicts its scores against the next 50 positions
-future_kv = "learned"
-start_layer = 1  # to the last layer: end_layer left unset
-future_attn_loss_type = "mse"
-future_attn_loss_coeff = 1.0
-use_future_attn_loss = True
-detach_future_ground_truth = True
 
-# training at GPT-2 small scale (the same settings for all three gpt2_* configs)
-# 160,000 tokens per step does not divide into 1024-token rows (156.25), so the nearest whole
-# count with the write-ups' 16 micro-steps (divisible by 1, 2, 4 or 8 GPUs):
-# 10 batch × 16 accum × 1024 tokens = 163,840 tokens per step; × 9000 steps = 1.47B tokens (the
-# write-ups': 1.44B): about 13 passes over WikiText-103's train split (prepared with
-# --dataset=wikitext103 and read with --data_dir=data/wikitext103, as in the study command
-# above), 38.5 over the write-ups' text, the default data (theirs: 37.6 over their text)
-batch_size = 10  # per micro-step; memory at this size: not measured yet
-gradient_accumulation_steps = 16  # total over all GPUs: 8 GPUs run 2 micro-steps each
-max_iters = 9000
-learning_rate = 6e-4  # the GPT-3 paper's 125M model, nanoGPT's GPT-2 small; 9e-4 was for 16M models
-min_lr = 6e-5  # learning_rate / 10, as in the write-ups
-warmup_iters = 1000  # 164M tokens, 11% of the run: longer than the small models' 300 steps
-# cosine down to min_lr at the last step (the write-ups' 700,000 kept the peak rate)
+# The optimizer at GPT-2 small scale, the same for all three gpt2_* configs.
+learning_rate = 6e-4
+min_lr = 6e-5
+warmup_iters = 1000
 lr_decay_iters = 9000
-decay_lr = True
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0  # GPT-2-scale runs clip at 1.0; the write-ups' small models did not clip
-eval_interval = 500
-eval_iters = 200  # 200 × 10 × 1024 = 2M tokens per split per estimate
+grad_clip = 1.0

@@ -8,16 +8,14 @@
 # 12 batch × 1 accum × 64 tokens = 768 tokens per step; × 300 steps = 230,400 tokens
 
 out_dir = "out-tiny_cpu"
-model_type = "baseline"
 # WikiText-2, detokenized: about 2.4M training tokens, so 300 steps see a tenth of them
 data_dir = "data/wikitext2"
 
-# model: d128 H4 L4, 64-token context
+# The model: a baseline GPT (the default model_type), d128 H4 L4, 64-token context.
 block_size = 64
 n_layer = 4
 n_head = 4
 n_embd = 128
-dropout = 0.0
 
 # training
 batch_size = 12
@@ -29,7 +27,6 @@ warmup_iters = 20
 lr_decay_iters = 300  # decays to min_lr by the end
 eval_interval = 100
 eval_iters = 20
-log_interval = 10
 
 # system
 device = "cpu"

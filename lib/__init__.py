@@ -1,1 +1,1 @@
-"""What the scripts share: settings, data, checkpoints, errors and the run's guards."""
+"""The future-attention kernels, which model_future_attn.py imports when it finds them."""

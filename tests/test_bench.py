@@ -1,12 +1,14 @@
 """
 Tests of bench.py's tools that need no GPU: the kernel kinds of --profile, a CPU profile and
 a CPU --splits run of a small model end to end, the MFU it reports, a step that is train.py's
-optimizer step, and --memory. (The GPU peaks it
-measures against are settings.py's, tested in test_settings.py.)
+optimizer step, --memory, and --gpu_report's arguments, refusal, orchestration and table. Also
+that the splits it times train the same step: the same windows, the same gradients.
 
     python -m pytest -q test_bench.py
 """
 
+import contextlib
+import itertools
 import json
 import re
 import types
@@ -15,6 +17,11 @@ import pytest
 import torch
 
 import bench
+import model_baseline
+import model_encdec
+import model_future_attn
+import train
+from conftest import DATA_VOCAB, tiny
 
 # a small model so that a step takes milliseconds on a CPU
 SMALL = ["config/tiny_cpu.py", "--device=cpu", "--vocab_size=256", "--n_layer=2", "--n_embd=32",
@@ -150,15 +157,21 @@ def test_a_step_runs_every_micro_step_on_the_mean_loss():
 
 
 def test_a_step_is_train_pys_optimizer_step(monkeypatch):
-    # by default gradient_accumulation_steps passes, then one AdamW step, as train.py runs an iteration
-    _, runs = bench.parse_args([*SMALL, "--batch_size=2", "--gradient_accumulation_steps=3"])
+    # as train.run takes a step: gradient_accumulation_steps passes, the gradients unscaled and
+    # clipped, the one read from the device, then one AdamW step
+    _, runs = bench.parse_args([*SMALL, "--batch_size=2", "--gradient_accumulation_steps=3", "--grad_clip=0.5"])
     run = bench.build(*runs[0])
     passes, model = [], run["step_model"]
     run["step_model"] = lambda x, y: passes.append(x) or model(x, y)
-    adamw_steps = []
-    monkeypatch.setattr(run["optimizer"], "step", lambda *a: adamw_steps.append(1))
+    calls, clip, read = [], torch.nn.utils.clip_grad_norm_, train.read_numbers
+    monkeypatch.setattr(run["scaler"], "unscale_", lambda optimizer: calls.append("unscale"))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, max_norm: calls.append(("clip", max_norm)) or clip(params, max_norm))
+    monkeypatch.setattr(train, "read_numbers", lambda numbers, ddp: calls.append(("read", sorted(numbers))) or read(numbers, ddp))
+    monkeypatch.setattr(run["optimizer"], "step", lambda *a: calls.append("AdamW"))
     bench.step(run)
-    assert (len(passes), len(adamw_steps)) == (3, 1)
+    assert len(passes) == 3
+    assert calls == ["unscale", ("clip", 0.5), ("read", ["cross_entropy", "grad_norm", "loss"]), "AdamW"]
 
 
 def test_memory_reports_the_peak_of_one_step(capsys):
@@ -248,3 +261,155 @@ def test_causal_times_check_causal_in_a_fresh_process_per_model(tmp_path, monkey
     assert rows["models.py:causal"][-1] == "causal" and rows["models.py:leaky"][-2:] == ["-", "leak"]
     wall, cpu, checks = (float(x) for x in rows["models.py:causal"][:3])
     assert 0 <= checks < wall and cpu > 0  # a tiny model's checks may take less than the 0.1 s printed
+
+
+# --------------------------------------------------------------------------------------
+# the splits that --splits times train the same optimizer step
+
+
+def step_windows(data_dir, batch_size, accum_steps, block_size):
+    """x and y of one optimizer step's micro-batches as train.py draws them, from one generator,
+    concatenated: (batch_size * accum_steps, block_size) each."""
+    generator = torch.Generator().manual_seed(1337)
+    batches = [train.get_batch(data_dir, "train", generator, batch_size, block_size, "cpu")
+               for _ in range(accum_steps)]
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+
+
+def test_the_writeups_splits_draw_the_same_windows(data_dir):
+    # the write-ups' 800 windows of 200 tokens per step, in 16, 4 or 1 draws
+    x, y = step_windows(data_dir, 50, 16, 200)
+    assert x.shape == y.shape == (800, 200) and torch.equal(y[:, :-1], x[:, 1:])
+    for batch_size, accum_steps in ((200, 4), (800, 1)):
+        x_split, y_split = step_windows(data_dir, batch_size, accum_steps, 200)
+        assert torch.equal(x_split, x) and torch.equal(y_split, y), f"{batch_size}x{accum_steps}"
+
+
+# The write-ups' 50 x 16, 200 x 4 and 800 x 1 scaled down by 6.25 to 128 sequences per step, with
+# their 16, 4 and 1 micro-steps; tiny models, float32.
+SMALL_SPLITS = [(8, 16), (32, 4), (128, 1)]
+SPLIT_MODEL = dict(vocab_size=DATA_VOCAB, block_size=16, dropout=0.0)
+# float32: the same sums taken in another order differ by about 1e-7 of their size
+GRADIENT_RTOL = 1e-5
+
+
+def step_gradients(model, data_dir, batch_size, accum_steps):
+    """(the step's loss, {name: gradient}) of one optimizer step as train.py takes it."""
+    generator = torch.Generator().manual_seed(1337)
+    batches = (train.get_batch(data_dir, "train", generator, batch_size, 16, "cpu")
+               for _ in itertools.count())
+    model.zero_grad(set_to_none=True)
+    numbers = train.forward_backward(model, batches, accum_steps, contextlib.nullcontext(),
+                                     torch.amp.GradScaler("cpu", enabled=False))
+    return numbers["loss"].item(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def sequence_by_sequence(model, x, y):
+    """(the mean loss, {name: its gradient}) over the sequences of x and y, slowly: a forward
+    and backward pass per sequence, each loss divided by their number."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for i in range(len(x)):
+        _, loss, _ = model(x[i:i + 1], y[i:i + 1])
+        (loss / len(x)).backward()
+        total += loss.item() / len(x)
+    return total, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("module", [model_baseline, model_future_attn, model_encdec],
+                         ids=["baseline", "future_attn", "encdec"])
+def test_every_split_gives_the_gradients_of_the_mean_loss(module, data_dir):
+    model = tiny(module, **SPLIT_MODEL)
+    (b0, k0), T = SMALL_SPLITS[0], SPLIT_MODEL["block_size"]
+    loss, gradients = sequence_by_sequence(model, *step_windows(data_dir, b0, k0, T))
+    for batch_size, accum_steps in SMALL_SPLITS:
+        split_loss, split_gradients = step_gradients(model, data_dir, batch_size, accum_steps)
+        assert split_loss == pytest.approx(loss, rel=GRADIENT_RTOL)
+        for name, gradient in split_gradients.items():
+            error = (gradient - gradients[name]).norm()
+            assert error <= GRADIENT_RTOL * gradients[name].norm(), \
+                f"{batch_size}x{accum_steps} {name}: {error / gradients[name].norm():.1e} of its norm"
+
+
+# --------------------------------------------------------------------------------------
+# --gpu_report: what a CPU can check
+
+
+def test_gpu_report_arguments(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the configs are the repository's, wherever it runs
+    settings, runs = bench.parse_args(["--gpu_report"])
+    assert settings["gpu_report"] == "out-bench/gpu_report.md" and settings["profile"] == 5
+    assert settings["splits"] == [(50, 16), (100, 8), (200, 4), (400, 2), (800, 1)]
+    assert [label for label, _, _ in runs] == ["baseline", "future50_mse[auto]", "encdec_mse_possub"]
+    for _, config, _ in runs:  # the write-ups' settings: 800 sequences of 200 tokens per step
+        assert config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"] == 160_000
+    settings, runs = bench.parse_args(["--gpu_report", "mine.md", "--iters", "3", "--n_layer=3"])
+    assert settings["gpu_report"] == "mine.md" and settings["iters"] == 3
+    assert all(config["n_layer"] == 3 for _, config, _ in runs)  # train.py's flags go to every config
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu_report", "config/baseline.py"], "--gpu_report times the write-ups' three configs: give no config file"),
+    (["--gpu_report", "--splits=4x2"], "--splits and --gpu_report do not go together: pick one"),
+    (["--gpu_report", "--profile"], "--profile and --gpu_report do not go together: pick one"),
+])
+def test_gpu_report_bad_arguments_are_one_line(argv, message, capsys):
+    assert bench.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where there is no CUDA GPU")
+def test_gpu_report_refuses_a_machine_without_cuda(tmp_path, capsys):
+    assert bench.main([f"--gpu_report={tmp_path / 'report.md'}"]) == 1
+    assert capsys.readouterr() == ("", "error: --gpu_report measures a CUDA GPU, and the device here is cpu: "
+                                       "run it on a machine with one\n")
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_gpu_report_skips_a_split_out_of_memory_and_profiles_the_fastest(tmp_path, monkeypatch, capsys):
+    # the whole mode on a CPU with a small model: 8 sequences at once run "out of memory"
+    settings, runs = bench.parse_args([*SMALL, "--splits=2x4,4x2,8x1", "--warmup=1", "--iters=2"])
+    settings.update(gpu_report=str(tmp_path / "out" / "report.md"), profile=1, peak_flops=None)
+    build, profile, profiled = bench.build, bench.profile, []
+
+    def build_within_memory(label, config, impl, micro_steps=None):
+        if config["batch_size"] == 8:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return build(label, config, impl, micro_steps=micro_steps)
+
+    monkeypatch.setattr(bench, "build", build_within_memory)
+    monkeypatch.setattr(bench, "profile", lambda run, s: profiled.append(run["label"]) or profile(run, s))
+    assert bench.gpu_report(runs, settings, "a CPU") == 0
+    out = capsys.readouterr().out
+    assert "tiny_cpu 8x1: out of memory, skipped" in out and out.endswith(f"wrote {tmp_path}/out/report.md\n")
+    text = (tmp_path / "out" / "report.md").read_text()
+    rows = dict(re.findall(r"^\| tiny_cpu \| (\dx\d) \| ([\d.]+|out of memory) \|", text, re.MULTILINE))
+    assert list(rows) == ["2x4", "4x2", "8x1"] and rows["8x1"] == "out of memory"
+    [fastest] = profiled  # the split with the fewest ms per step, as printed to 0.1 ms
+    other = {"tiny_cpu 2x4": "4x2", "tiny_cpu 4x2": "2x4"}[fastest]
+    assert float(rows[fastest.split()[1]]) <= float(rows[other])
+    assert f"| kind | {fastest} | % |" in text and "| outside ops (Python) |" in text
+
+
+def test_gpu_report_markdown_with_made_up_numbers():
+    numbers = dict(ms=512.34, min_ms=500.0, max_ms=530.0, tokens_per_s=312_289.6, mfu=0.2345,
+                   peak_memory=12.5 * 2**30)
+    profile = {**dict.fromkeys(bench.KINDS, 0.0), "matmul": 300.0, "attention": 100.0,
+               "host gaps (GPU idle)": 100.0, "total (wall)": 500.0}
+    text = bench.gpu_report_markdown(
+        "H100, torch 2.11. Each config ...", [(50, 16), (800, 1)],
+        {"baseline": [numbers, None], "encdec_mse_possub": [dict(numbers, mfu=None, peak_memory=None), None]},
+        {"baseline 50x16": profile}, profiled_steps=5)
+    assert text.splitlines()[:10] == [
+        "# bench.py --gpu_report", "", "H100, torch 2.11. Each config ...", "",
+        "| config | split | ms per step | tokens/s | MFU | peak memory |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| baseline | 50x16 | 512.3 | 312,290 | 23.4% | 12.5 GiB |",
+        "| baseline | 800x1 | out of memory | | | |",
+        "| encdec_mse_possub | 50x16 | 512.3 | 312,290 | - | - |",
+        "| encdec_mse_possub | 800x1 | out of memory | | | |",
+    ]
+    kinds = text.split("| --- | ---: | ---: |\n")[1].splitlines()
+    assert text.count("| kind | baseline 50x16 | % |") == 1 and len(kinds) == len(bench.KINDS) + 2
+    assert kinds[0] == "| matmul | 300.00 | 60.0% |" and kinds[-2:] == [
+        "| host gaps (GPU idle) | 100.00 | 20.0% |", "| total (wall) | 500.00 | 100.0% |"]

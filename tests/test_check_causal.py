@@ -33,7 +33,7 @@ import check_causal
 import model_baseline
 import model_encdec
 import model_future_attn
-from lib import settings
+import train
 from conftest import MODEL_VARIANTS, REPO, TINY_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -59,7 +59,7 @@ def test_every_config_is_causal(path):
     assert check_causal.check(model_type, model_args, log=silent) is None
 
 
-MODULE_TYPES = {module: name for name, module in settings.MODELS.items()}
+MODULE_TYPES = {module: name for name, module in train.MODELS.items()}
 
 
 @pytest.mark.parametrize("name", MODEL_VARIANTS)

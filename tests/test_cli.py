@@ -1,7 +1,8 @@
 """
-Tests of cli.py, what every script shares: --help, one line and an exit status for an error or a
-signal where nothing is being saved, and writes that fail cleanly.
-Run: python -m pytest -q test_cli.py
+Tests of what every script shares (configurator.script, and train.py's signal handling and atomic
+writes): --help, one line and an exit status for an error or a signal, and writes that fail
+cleanly.
+Run: python -m pytest -q tests/test_cli.py
 """
 
 import errno
@@ -14,7 +15,7 @@ import pytest
 
 import bench
 import check_causal
-from lib import cli
+import configurator
 import sample
 import train
 from conftest import REPO
@@ -34,53 +35,30 @@ def test_help_prints_usage_and_keys(main, doc_line, key, capsys):
 
 SIGNALLED = """
 import os, signal, sys, time
-from lib import cli
+import configurator
 def entry(argv):
     os.kill(os.getpid(), int(argv[0]))
     time.sleep(30)  # the signal interrupts this
-sys.exit(cli.main(entry)(sys.argv[1:]))
+sys.exit(configurator.script(entry)(sys.argv[1:]))
 """
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
 def test_a_signal_outside_training_is_one_line(signum):
     # where nothing is being saved (before training starts, in sample.py, ...): one line, 128 + the
-    # signal's number; a process of its own, which the signal would kill if cli.main did not handle it
+    # signal's number; a process of its own, which the signal would kill if configurator.script did not handle it
     done = subprocess.run([sys.executable, "-c", SIGNALLED, str(int(signum))], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 128 + signum
     assert done.stderr == f"stopped by {signal.Signals(signum).name}\n"
 
 
-HANGS_IN_TEARDOWN = """
-import os, signal, sys, threading, time
-from lib import cli
-def entry(argv):
-    # a thread the interpreter waits for at exit, as a library's worker pool can be
-    threading.Thread(target=time.sleep, args=(60,)).start()
-    with cli.StopRequests(exit_within_s=float(argv[0]) if argv else None):
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGINT)  # the second: stop at once
-        time.sleep(60)
-sys.exit(cli.main(entry)(sys.argv[1:]))
-"""
-
-
-def test_a_second_signal_ends_the_process_even_when_its_teardown_hangs():
-    done = subprocess.run([sys.executable, "-c", HANGS_IN_TEARDOWN, "1"], cwd=REPO, capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 128 + signal.SIGINT and done.stderr.endswith("stopped at once by a second SIGINT\n")
-    # and without the deadline the same process waits for its thread: the watchdog is what ended it
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", HANGS_IN_TEARDOWN], cwd=REPO, capture_output=True, timeout=3)
-
-
 def test_a_closed_pipe_asks_for_a_stop_and_never_for_a_second_one():
-    with cli.StopRequests(closed_pipe=True) as stop:
+    with train.StopSignals(speak=False, passed_on=False) as stop:
         os.kill(os.getpid(), signal.SIGPIPE)  # a write to a pipe whose reader went away
         assert stop.signum == signal.SIGPIPE
-        os.kill(os.getpid(), signal.SIGPIPE)  # the next write: no Stopped raised
-    with cli.StopRequests(closed_pipe=True) as stop:
+        os.kill(os.getpid(), signal.SIGPIPE)  # the next write: no second signal, no exit
+    with train.StopSignals(speak=False, passed_on=False) as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGPIPE)  # `... | head` ended by the same signal
         assert stop.signum == signal.SIGTERM
@@ -92,16 +70,16 @@ def test_a_read_only_folder_is_one_line(tmp_path):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     (tmp_path / "study.md").write_text("old")
-    with pytest.raises(cli.UserError, match=r"cannot write .*study.md: permission denied; check the folder's"):
-        cli.write_atomically(str(tmp_path / "study.md"), refuse)
+    with pytest.raises(configurator.UserError, match=r"cannot write .*study.md: permission denied \("):
+        train.write_atomically(str(tmp_path / "study.md"), refuse)
     assert (tmp_path / "study.md").read_text() == "old" and os.listdir(tmp_path) == ["study.md"]
 
 
 PRINTS_MUCH = """
 import sys
-from lib import cli
+import configurator
 
-@cli.main
+@configurator.script
 def main(argv):
     for i in range(1_000_000):
         print("line", i)

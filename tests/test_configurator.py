@@ -9,7 +9,7 @@ import pytest
 
 import configurator
 import train
-from lib.cli import ConfigError
+from configurator import ConfigError
 
 
 def test_config_file_then_flags(tmp_path):

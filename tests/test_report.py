@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
+import prepare_wikipedia
 import report
 import train
-from lib import fetch, settings
 from conftest import NEXT_STEPS, REPO, argv_for, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -51,6 +51,20 @@ def test_tokens_are_counted_launch_by_launch(data_dir, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[1].split()[3:5] == ["4", f"{2 * 128 + 2 * 256:,}"]
 
 
+def test_an_eval_only_evaluation_is_a_note_not_the_runs_numbers(data_dir, tmp_path, capsys):
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2)) == 0
+    assert train.main(argv_for(data_dir, tmp_path, init_from="resume", eval_only=True, eval_iters=3)) == 0
+    run_eval, eval_only = [r for r in read_log(tmp_path) if r["type"] in ("eval", "eval_only")][-2:]
+    assert eval_only["type"] == "eval_only" and eval_only["val_loss"] != run_eval["val_loss"]
+    capsys.readouterr()
+    assert report.main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[6] == f"{run_eval['val_loss']:.3f}"  # the run's own last evaluation
+    assert lines[2:] == [f"note: {tmp_path.name}: evaluated with --eval_only (not the run's numbers) at iter 2 "
+                         f"on {data_dir}: "
+                         f"train loss {eval_only['train_loss']:.3f}, val loss {eval_only['val_loss']:.3f}"]
+
+
 def test_report_plot_draws_each_future_attention_layer(trained_runs, tmp_path, monkeypatch):
     plt = pytest.importorskip("matplotlib.pyplot")
     figures, subplots = [], plt.subplots
@@ -79,12 +93,12 @@ def write_log(out_dir, records, tail=""):
 
 def fake_run(config_argv, iters=300, val_loss=3.7, data=None):
     """Records of a run of the model that config_argv gives, as train.py logs them; data: the
-    identity of its data (data.check_data's), by default a folder of other data."""
+    identity of its data (train.check_data's), by default a folder of other data."""
     config = train.get_config(config_argv)
     data = data or {"data_dir": "data/mine", "train_sha256": "1" * 64, "val_sha256": "2" * 64}
     start = dict(type="start", model_type=config["model_type"], num_params=123, world_size=1,
                  tokens_per_iter=160_000, iter_num=0, init_from="scratch", config=config,
-                 model_args=settings.model_args_of(config), time=0.0, data=data)
+                 model_args=train.model_args_of(config), time=0.0, data=data)
     aux = {"future_attn_loss": 0.09} if config["model_type"] == "future_attn" else {}
     return [start, dict(type="train", iter=iters, loss=3.5, aux=aux, time=10.0),
             dict(type="eval", iter=iters, train_loss=3.6, val_loss=val_loss, best_val_loss=val_loss, saved=True, time=12.0)]
@@ -148,7 +162,7 @@ def test_writeup_numbers_are_the_writeup_configs():
 
 def test_the_write_up_line_says_whether_the_data_was_theirs(tmp_path, capsys):
     # the train and val sha256 a run recorded, against those of the write-ups' own token files
-    theirs = {split: fetch.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256
+    theirs = {split: prepare_wikipedia.WRITEUP_FILES[f"wikipedia_{split}.bin"].sha256
               for split in ("train", "val")}
     wikitext = tmp_path / "wikitext103"  # a folder whose meta.json names its dataset
     wikitext.mkdir()

@@ -30,8 +30,8 @@ import torch
 
 import report
 import study
-from lib import cli
-from lib.checkpoint import TRAINING_KEYS, load_checkpoint
+from configurator import Stopped
+from train import TRAINING_KEYS, load_checkpoint
 from conftest import REPO, TINY, flip_bits, read_log, start, trained_to, wait_for
 
 
@@ -227,13 +227,14 @@ def test_study_passes_a_signal_on_at_once_and_resumes(signum, two_configs, tmp_p
                         "same command resumes the study\n")
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # train.py ended with study.py
-    # train.py says, as the signal reaches it, the step it stops after: the one under way
-    heard = (run_dir / "train.out").read_text().split(f"{name}: stopping after iteration ")[1]
-    stops_after = int(heard.split()[0])
+    # train.py heard it once, and stopped after the step under way with that step saved
+    train_out = (run_dir / "train.out").read_text()
+    assert train_out.count(f"{name}: stopping after the step under way, with its state saved") == 1
     stopped_at = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
-    assert stopped_at == stops_after
+    assert f"stopped by {name} after iteration {stopped_at}: " in train_out
+    assert train_iters(run_dir)[-1] == stopped_at
     step_s = np.median([r["ms_per_iter"] for r in read_log(run_dir) if r["type"] == "train"]) / 1000
-    late = stops_after - 1 - sent_at  # steps the run trained before the signal reached it
+    late = stopped_at - 1 - sent_at  # steps the run trained before the signal reached it
     late_s = late * step_s
     assert late_s < 0.25, f"the signal reached the run {late} steps ({late_s:.2f} s) late"
     assert f"base-seed3: stopped at iter {stopped_at}, its state saved" in out
@@ -262,7 +263,7 @@ def test_a_second_study_on_the_same_out_root_is_refused(two_configs, tmp_path):
         os.kill(first.pid, signal.SIGCONT)
     assert status == 1 and out == ""
     assert err == (f"error: {tmp_path} is in use by study.py (process {first.pid} on "
-                   f"{socket.gethostname()}): wait for it to end, or choose another --out_root\n")
+                   f"{socket.gethostname()}): wait for it to end, or use another folder\n")
     out, err = first.communicate(timeout=120)  # the first finishes untouched
     assert first.returncode == 0, err
     assert "[1/1] base-seed4: done at iter 40" in out and "FAILED" not in out
@@ -284,12 +285,12 @@ def test_folders_without_a_usable_checkpoint(finished_study, two_configs, tmp_pa
     assert status == 1 and "error: 2 runs failed: base-seed2, base-seed3" in err
     assert "[1/3] base-seed1: note:" in out and "holds a log but no checkpoint" in out
     assert "[1/3] base-seed1: done at iter 6" in out
-    assert (f"[2/3] base-seed2: cannot resume: {tmp_path}/base-seed2/ckpt.pt is not a checkpoint "
-            "written by train.py") in out
+    assert (f"[2/3] base-seed2: cannot resume: {tmp_path}/base-seed2/ckpt.pt is damaged, or not a "
+            "checkpoint of this train.py") in out
     assert "[3/3] base-seed3: resuming from iter 4" in out
     assert "[3/3] base-seed3: FAILED with exit code 1; the study goes on." in out
     # its last lines
-    assert "    error: cannot resume: the checkpoint holds model_type 'future_attn'" in out
+    assert "    error: cannot resume: the checkpoint holds another model (model_type 'future_attn')" in out
     assert [r["init_from"] for r in starts(tmp_path / "base-seed1")] == ["scratch"]
     with open(tmp_path / "study.md") as f:
         text = f.read()
@@ -301,11 +302,11 @@ def test_folders_without_a_usable_checkpoint(finished_study, two_configs, tmp_pa
 def test_a_checkpoint_with_flipped_bits_is_not_counted_as_finished(finished_study, two_configs,
                                                                    tmp_path):
     shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
-    member = flip_bits(tmp_path / "base-seed1" / "ckpt.pt")
+    flip_bits(tmp_path / "base-seed1" / "ckpt.pt")
     status, out, err = run_study(base_study(two_configs, tmp_path, 1))
     assert status == 1 and "failed: base-seed1" in err
-    assert (f"[1/1] base-seed1: cannot resume: {tmp_path}/base-seed1/ckpt.pt is damaged: its "
-            f"member {member} fails its CRC32 check") in out
+    assert (f"[1/1] base-seed1: cannot resume: {tmp_path}/base-seed1/ckpt.pt is damaged, or not a "
+            "checkpoint of this train.py: use a good copy, or train again\n") in out
 
 
 def test_a_final_evaluation_not_made_is_made_on_resume(finished_study, two_configs, tmp_path):
@@ -445,7 +446,7 @@ def test_run_jobs_passes_a_signal_on_at_once():
         os.kill(os.getpid(), signal.SIGUSR1)
 
     timer = threading.Timer(0.2, send)
-    with cli.StopRequests() as stop:
+    with study.StopRequest() as stop:
         timer.start()
         study.run_jobs(["a", "b"], [0, 1],
                        lambda job, slot: processes.append(Process()) or processes[-1],
@@ -453,6 +454,19 @@ def test_run_jobs_passes_a_signal_on_at_once():
     assert codes == {"a": 128 + signal.SIGUSR1, "b": 128 + signal.SIGUSR1}
     for process in processes:
         assert process.signalled[0] == signal.SIGUSR1 and process.signalled[1] < 5
+
+
+def test_a_first_signal_is_a_request_a_second_stops_at_once(capsys):
+    before = signal.getsignal(signal.SIGUSR1)
+    with study.StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.signum == signal.SIGUSR1
+        assert capsys.readouterr().err == ("SIGUSR1: passed on to the running runs, which stop after their current "
+                                           "step with their state saved; a second signal stops at once\n")
+        with pytest.raises(Stopped) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stopped.value.signum == signal.SIGTERM and str(stopped.value) == "stopped at once by a second SIGTERM"
+    assert signal.getsignal(signal.SIGUSR1) is before and capsys.readouterr().err == ""
 
 
 def test_pick_gpus(monkeypatch):
