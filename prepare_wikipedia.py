@@ -6,13 +6,11 @@ Prepare Wikipedia text for train.py: GPT-2 BPE tokens as flat uint16 arrays (nan
     python prepare_wikipedia.py --dataset=writeup --input wikipedia.txt  # their text, saved by hand
     python prepare_wikipedia.py --dataset=wikitext2   # WikiText-2 raw (4.7 MB), a first CPU run
     python prepare_wikipedia.py --dataset=wikitext103 --split=writeup  # WikiText-103, their regime
-    python prepare_wikipedia.py --zip wikitext-103-raw-v1.zip          # a zip saved by hand
     python prepare_wikipedia.py --input notes.txt --val held_out.txt   # your own text
 
-It writes train.bin, val.bin (np.memmap(path, dtype=np.uint16, mode='r') reads them) and
-meta.json to --out_dir, and keeps the download there for the next run. The write-ups (GitHub
-yiphei/yif-AI) trained on their own Wikipedia text: with it, losses compare with their tables.
-docs/data.md says what is checked, how text becomes documents and splits, and how to work offline.
+It writes train.bin, val.bin and meta.json to --out_dir, and keeps the download there for the
+next run. The write-ups (GitHub yiphei/yif-AI) trained on their own Wikipedia text: with it,
+losses compare with their tables. docs/data.md tells the rest.
 """
 import argparse
 import collections
@@ -49,28 +47,25 @@ WRITEUP = "writeup"  # the default --dataset: the write-ups' own text, split and
 DEFAULT_DATA_DIR = "data/wikipedia"  # where train.py looks by default
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # meta.json last: its presence marks a whole set
 NOTHING_REPLACED = "no output written under the final names"  # what a failed run leaves
-# The characters read ahead of the tokens written: all that memory holds, whatever the text.
-READ_AHEAD_CHARS = 1_000_000
+READ_AHEAD_CHARS = 1_000_000  # The text read ahead of the tokens written: all that memory holds.
 PROGRESS_S = 10  # Long work says how far it got every this many seconds.
 # The write-ups' training text and their val text, which followed it, in GPT-2 tokens.
 WRITEUP_TRAIN_TOKENS, WRITEUP_VAL_TOKENS = 38_276_830, 4_341_780
 WRITEUP_RUN_TOKENS = 1_440_000_000  # config/future50_mse.py: 9,000 steps of 50 x 16 x 200 tokens
-# train.py estimates the val loss on random windows of val.bin: with fewer tokens the windows
-# overlap, and fewer documents are few topics.
+# With fewer val tokens train.py's random windows overlap; fewer documents are few topics.
 MIN_VAL_TOKENS, MIN_VAL_DOCUMENTS = 100_000, 10
 
 
 # --------------------------------------------------------------------------- what is fetched
 
 Pinned = collections.namedtuple("Pinned", "urls size sha256")  # a file, and where it is served
-# The write-ups' data: the folder datasets/wikipedia of GitHub yiphei/yif-AI at one commit, in Git
-# LFS; each size and sha256 is the one its Git LFS pointer gives.
+# The write-ups' data: the folder datasets/wikipedia of GitHub yiphei/yif-AI, in Git LFS, with the
+# sizes and sha256s its LFS pointers give.
 WRITEUP_COMMIT = "55c3ac37884aef0e3a938337bcbae2b0a26c9cb5"
 
 
 def served(name):
-    """Where GitHub serves a Git LFS file of that folder: its LFS host, then the raw address that
-    redirects there."""
+    """GitHub's LFS host, then the raw address that redirects there."""
     path = f"{WRITEUP_COMMIT}/datasets/wikipedia/{name}"
     return (f"https://media.githubusercontent.com/media/yiphei/yif-AI/{path}",
             f"https://github.com/yiphei/yif-AI/raw/{path}")
@@ -83,8 +78,7 @@ WRITEUP_FILES = {name: Pinned(served(name), size, sha256) for name, size, sha256
      "eca4058f7bd8d508bfa8930f092fadffaa5d0b05b14dc6d3c0edc561348f4de1"),
     ("wikipedia_val.bin", 8_683_560,
      "93890178ee863dc019a8018eb99af7d2ec1385b4f340ae1e66d14a567accca09")]}
-# A published WikiText raw zip: its file name (kept in --out_dir for the next run), the URLs that
-# serve it, its size and sha256, the default --out_dir, and the default of --detokenize.
+# A published WikiText raw zip, the default --out_dir, and the default of --detokenize.
 Dataset = collections.namedtuple("Dataset", "file urls size sha256 out_dir detokenize")
 DATASETS = {
     "wikitext103": Dataset(  # 103M words of Wikipedia, about 118M GPT-2 tokens of training text
@@ -104,10 +98,8 @@ DATASETS = {
 }
 USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
 ATTEMPTS = 5  # requests per URL
-# The answers worth another attempt; another 4xx would come again.
-RETRY_STATUSES = (429, 500, 502, 503, 504)
-# urllib3 waits 0, 2, 4, 8 ... s between attempts, or what the server's Retry-After asks.
-BACKOFF_S = 1.0
+RETRY_STATUSES = (429, 500, 502, 503, 504)  # Another 4xx would come again.
+BACKOFF_S = 1.0  # urllib3 waits 0, 2, 4, 8 ... s, or what the server's Retry-After asks.
 # What GitHub sends for a Git LFS file it does not serve (the owner's quota spent, the file gone).
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 LFS_SENT = ("the server sent a Git LFS pointer, not the file: GitHub does not serve it now (its "
@@ -132,8 +124,8 @@ def cause(error):
 
 
 class Retry(urllib3.util.Retry):
-    """urllib3's retries, each failed attempt said in one line; none for an unknown host name or a
-    failed TLS handshake, which would fail the same way again."""
+    """urllib3's retries, each said in one line; none for an unknown host name or a failed TLS
+    handshake, which would fail the same way again."""
 
     def increment(self, method=None, url=None, response=None, error=None, _pool=None,
                   _stacktrace=None):
@@ -151,7 +143,6 @@ class Retry(urllib3.util.Retry):
 
 
 def http_session():
-    """The session of the downloads: urllib3 makes up to ATTEMPTS requests per URL."""
     session = requests.Session()
     retry = Retry(total=ATTEMPTS - 1, status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S,
                   raise_on_status=False)
@@ -163,8 +154,8 @@ def http_session():
 
 
 def download(session, url, part, size):
-    """Stream url into the file part, resuming from what it holds with an HTTP Range request. The
-    session retries a request until its body starts; a body cut half-way is resumed here."""
+    """Stream url into the file part, resuming from what it holds. The session retries a request
+    until its body starts; a body cut half-way is resumed here."""
     host = urlparse(url).hostname
     for _ in range(ATTEMPTS):
         done = os.path.getsize(part) if os.path.exists(part) else 0
@@ -173,7 +164,7 @@ def download(session, url, part, size):
         try:  # It waits 10 s to connect, and 60 s between two reads.
             response = session.get(url, headers={"Range": f"bytes={done}-"} if done else None,
                                    stream=True, timeout=(10, 60))
-        except requests.RequestException as e:  # Timeouts or refused connections went on.
+        except requests.RequestException as e:  # Retries of a timeout or a refusal ran out.
             reason = cause(e)
             raise DownloadError(f"gave up after {ATTEMPTS} attempts: "
                                 f"{type(reason).__name__}: {reason}") from None
@@ -211,8 +202,8 @@ def download(session, url, part, size):
 
 
 def fetch(pinned, path, hint):
-    """Make path hold the pinned file (its urls, size and sha256): one kept from an earlier run, or
-    a download from the first URL that gives it. hint: what to do when none does."""
+    """Make path hold the pinned file: one kept from an earlier run, or a download from the first
+    URL that gives it. hint: what to do when none does."""
     if os.path.exists(path):  # Only a file that passed is renamed there, unless the user put it.
         problem = wrong_bytes(path, pinned)
         if problem:
@@ -221,8 +212,7 @@ def fetch(pinned, path, hint):
         print(f"using {path}, downloaded before (its sha256 checked)")
         return path
     failures, part = [], path + ".part"
-    # A failed write is not the server's fault: it ends the run (the next one resumes) rather than
-    # trying another URL.
+    # A failed write is not the server's fault: it ends the run rather than trying another URL.
     with (http_session() as session,
           writing(part, after_failure="the next run resumes the download")):
         for url in pinned.urls:
@@ -245,7 +235,7 @@ def fetch(pinned, path, hint):
 
 
 def wrong_bytes(path, pinned):
-    """What is wrong with the file at path as a phrase, or None when it is the pinned file."""
+    """What is wrong with the file at path, or None."""
     if os.path.getsize(path) != pinned.size:
         return f"has {os.path.getsize(path):,} bytes, expected {pinned.size:,}"
     digest = sha256_of(path)
@@ -264,7 +254,7 @@ def starts_with(path, head):
 
 # --------------------------------------------------------------------------- reading the text
 
-# A document starts at a top-level heading: it fullmatches " = Title = ", not " = = Section = = ".
+# A top-level heading, " = Title = ", not " = = Section = = ", starts a document.
 HEADING = re.compile(r"\s*= [^=].* =\s*")
 MAX_DOC_CHARS = 1_000_000  # On text without headings, a document ends past this many characters.
 WRITEUP_TRAIN_SHARE = 0.9  # Their train is the first 90% of their text's characters.
@@ -276,9 +266,8 @@ LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
 
 
 def text_lines(f, name):
-    """The lines of the binary file f as text mode reads them (\\r\\n and a lone \\r become \\n),
-    a quarter MB at a time. A byte that is not UTF-8, or a NUL (binary files hold them), is
-    refused with its offset."""
+    """The lines of the binary file f as text mode reads them, a quarter MB at a time; a byte that
+    is not UTF-8, or a NUL (binary files hold them), is refused with its offset."""
     offset = 0  # This many bytes of f come before this block.
     while lines := f.readlines(1 << 18):
         block = b"".join(lines)
@@ -296,10 +285,9 @@ def text_lines(f, name):
 
 
 def read_documents(lines):
-    """The documents of text lines: a new one starts at each top-level ' = Title = ' heading."""
     doc, size = [], 0
     for line in itertools.chain(lines, [None]):  # The None ends the last document.
-        # A heading starts a document; past MAX_DOC_CHARS, so does the line after a blank one.
+        # Past MAX_DOC_CHARS, the line after a blank one starts a document too.
         long_enough = size >= MAX_DOC_CHARS and doc[-1].isspace()
         if doc and (line is None or HEADING.fullmatch(line) or long_enough):
             text = "".join(doc)
@@ -312,14 +300,12 @@ def read_documents(lines):
 
 
 def file_documents(paths):
-    """The documents of several text files, in order."""
     for path in paths:
         with open(path, "rb") as f:
             yield from read_documents(text_lines(f, path))
 
 
 def zip_documents(zip_path, member):
-    """The documents of a WikiText zip's file called member (wiki.train.raw, wiki.valid.raw)."""
     with zipfile.ZipFile(zip_path) as zf:
         name = next(n for n in zf.namelist() if os.path.basename(n) == member)
         with zf.open(name) as f:  # It is decompressed as it is read.
@@ -327,7 +313,7 @@ def zip_documents(zip_path, member):
 
 
 def input_splits(paths, val_paths, val_fraction):
-    """(train docs, val docs) of --input files: the val files if named, else the last documents."""
+    """(train docs, val docs): the val files if named, else the last documents."""
     val_paths = named_val_files(paths, val_paths)
     if val_paths:
         return file_documents([p for p in paths if p not in val_paths]), file_documents(val_paths)
@@ -347,19 +333,15 @@ def named_val_files(paths, val_paths):
 
 
 def detokenize(text):
-    """WikiText's tokenized text back to ordinary text, line by line; for example
+    """WikiText's tokenized text back to ordinary text, line by line:
 
-         = Robert Boulter =                                 Robert Boulter
          = = Early life = =                             ->  Early life
          He had a guest @-@ starring role ( 2000 ) .        He had a guest-starring role (2000).
-         The show 's 1 @,@ 000 " best " of 3 @.@ 5 , and    The show's 1,000 "best" of 3.5, and
 
-    Each rule asks for WikiText's pattern, a space on both sides of a mark and at both ends of a
-    line, so ordinary prose and code pass unchanged; text that spaces its own marks that way (French
-    `Attention !`, C's `a ? b : c`) would be changed: leave --detokenize off for it.
+    Each rule asks for a space on both sides of a mark, so ordinary text passes unchanged; text
+    that spaces its own marks (C's `a ? b : c`) would be changed.
     """
-    # Each lookbehind comes after its literal, which the regex engine finds quickly; (?<!\S)\( is
-    # slow.
+    # Each lookbehind comes after its literal, which the regex engine finds quickly.
     text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)
     text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)
     text = re.sub(r" @([-,.])@ ", r"\1", text)
@@ -371,8 +353,7 @@ def detokenize(text):
 
 
 def text_between(path, start, stop):
-    """Characters start to stop of the text at path as the write-ups read it, with Python's text
-    mode (UTF-8; \\r\\n and \\r become \\n), in blocks of at most PIECE_CHARS characters."""
+    """Characters start to stop of the text at path, read in text mode as the write-ups read it."""
     position = 0  # This many characters come before this block.
     with open(path, encoding="utf-8") as f:
         try:
@@ -386,8 +367,7 @@ def text_between(path, start, stop):
 
 def writeup_parts(path):
     """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups
-    split theirs (datasets/prepare_data.py of yiphei/yif-AI): train is the first int(n * 0.9) of its
-    n characters, val the rest, each tokenized as one string, which its pieces tokenize alike."""
+    split theirs: train is the first int(n * 0.9) of its n characters, val the rest."""
     n = sum(map(len, text_between(path, 0, sys.maxsize)))  # A first pass counts the characters.
     cut = int(n * WRITEUP_TRAIN_SHARE)
     return [("train", pieces(text_between(path, 0, cut))),
@@ -396,9 +376,7 @@ def writeup_parts(path):
 
 def pieces(blocks):
     """The text of blocks in pieces of about PIECE_CHARS characters, each ending where LAST_CUT
-    says. GPT-2's pre-tokenizer splits there anyway, and what it makes of either side does not
-    depend on the other, so the tokens of the pieces, concatenated, are encode_ordinary's of the
-    whole text (docs/data.md says why; tested)."""
+    says: their tokens, concatenated, are the whole text's (docs/data.md says why)."""
     text = ""
     for block in blocks:
         text += block
@@ -412,8 +390,7 @@ def pieces(blocks):
 # --------------------------------------------------------------------------- tokenize and write
 
 def check_tokenizer():
-    """Load tiktoken's GPT-2 BPE files, which it downloads on first use; refuse a tiktoken too old
-    to give encode_ordinary's tokens as an array."""
+    """Load tiktoken's GPT-2 BPE files, downloaded on first use; refuse a tiktoken too old."""
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Stopped:
@@ -422,9 +399,8 @@ def check_tokenizer():
         raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken "
                         "downloads its files once; offline, point TIKTOKEN_CACHE_DIR to a cache "
                         "filled elsewhere (docs/data.md, Offline)") from None
-    # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded a special token's text as the
-    # token itself.
-    special = "<|endoftext|>"  # In a text, these are ordinary characters.
+    # encode_to_numpy came with tiktoken 0.9; before 0.11 it encoded "<|endoftext|>" as the token.
+    special = "<|endoftext|>"
     if (not hasattr(encoding, "encode_to_numpy")
             or encoding.encode_to_numpy(special, disallowed_special=()).tolist()
             != encoding.encode_ordinary(special)):
@@ -433,8 +409,8 @@ def check_tokenizer():
 
 
 def groups(docs, detokenize_first, group_chars):
-    """The documents (detokenized if asked) in lists of about group_chars characters: one task of
-    a tokenizer thread each, for fewer hand-overs between threads than a task per document."""
+    """The documents (detokenized if asked) in lists of about group_chars characters: a task of a
+    tokenizer thread each."""
     group, size = [], 0
     for doc in docs:
         group.append(detokenize(doc) if detokenize_first else doc)
@@ -447,25 +423,21 @@ def groups(docs, detokenize_first, group_chars):
 
 
 def encoded_documents(docs, num_threads, detokenize_first, end_of_text=True):
-    """(tokens, characters) of each document, in order, its tokens ending with <|endoftext|> if
-    end_of_text. tiktoken encodes them on num_threads threads (its Rust encoder releases the GIL)
-    while this thread reads the documents ahead, up to READ_AHEAD_CHARS characters, and writes
-    those behind."""
+    """(tokens, characters) of each document, in order. tiktoken encodes them on num_threads
+    threads (it releases the GIL) while this one reads up to READ_AHEAD_CHARS ahead."""
     enc = tiktoken.get_encoding("gpt2")
     assert enc.max_token_value < 2**16  # uint16 holds GPT-2's 50,257 token ids.
     ends = [np.array([enc.eot_token])] if end_of_text else []
 
     def encode(texts):  # This runs on a tokenizer thread.
-        # encode_to_numpy, with no special token allowed or refused, gives encode_ordinary's ids
-        # as an array rather than a Python int per token: 20% faster.
+        # With no special token allowed or refused, it gives encode_ordinary's ids, 20% faster.
         return [np.concatenate((enc.encode_to_numpy(text, disallowed_special=()), *ends),
                                dtype=np.uint16, casting="unsafe")
                 for text in texts]
 
     in_flight, chars = collections.deque(), 0  # It holds (texts, their tokens), oldest first.
     pool = concurrent.futures.ThreadPoolExecutor(num_threads)
-    # Four groups a thread are in flight, so that each thread has the next at hand while this one
-    # writes.
+    # Four groups a thread are in flight, so that each has the next at hand while this one writes.
     group_chars = READ_AHEAD_CHARS // (4 * num_threads)
     try:
         for texts in itertools.chain(groups(docs, detokenize_first, group_chars), [None]):
@@ -482,8 +454,8 @@ def encoded_documents(docs, num_threads, detokenize_first, end_of_text=True):
 
 def write_split(encoded, path, name, tokens_asked=None):
     """Stream encoded documents into path; return (stats, left over). With tokens_asked it stops at
-    the document boundary nearest that count (at least one document): a document that would
-    overshoot by more than stopping before it undershoots is left over, returned unwritten."""
+    the document boundary nearest that count (at least one document); a document it stops before
+    is left over, unwritten."""
     stats = {"tokens": 0, "tokens_asked": tokens_asked, "documents": 0, "chars": 0,
              "max_token_id": 0}
     left_over = []
@@ -546,13 +518,13 @@ def write_writeup_splits(path, threads, compare, temps):
         del splits[name]["documents"]  # They were pieces of one text, not documents.
         if not splits[name]["tokens"]:
             raise UserError(f"{path} is too short to split; HINT: give the write-ups' text")
-    for name, split in splits.items():
-        theirs = WRITEUP_FILES[f"wikipedia_{name}.bin"].sha256
-        if compare and split["sha256"] != theirs:
-            raise UserError(f"{name}.bin differs from the write-ups' wikipedia_{name}.bin: sha256 "
-                            f"{split['sha256']}, theirs {theirs}; {NOTHING_REPLACED}; HINT: "
-                            "--tokens fetches their token files directly")
     if compare:
+        for name, split in splits.items():
+            theirs = WRITEUP_FILES[f"wikipedia_{name}.bin"].sha256
+            if split["sha256"] != theirs:
+                raise UserError(f"{name}.bin differs from the write-ups' wikipedia_{name}.bin: "
+                                f"sha256 {split['sha256']}, theirs {theirs}; {NOTHING_REPLACED}; "
+                                "HINT: --tokens fetches their token files directly")
         print("identical to the write-ups' own token files "
               "(wikipedia_train.bin, wikipedia_val.bin)")
     return splits
@@ -572,8 +544,8 @@ def copy_token_files(paths, temps):
 
 
 class Progress:
-    """When long work says how far it got: a line on stderr every PROGRESS_S seconds, the first
-    after one interval, so that each line reports work done."""
+    """A progress line is due every PROGRESS_S seconds, the first after one interval, so that each
+    reports work done."""
 
     def __init__(self):
         self.t0 = self.last = time.time()
@@ -593,8 +565,7 @@ ADVICE = {errno.ENOSPC: "free some space, or write to another disk",
 
 @contextlib.contextmanager
 def writing(path, after_failure=None):
-    """An OSError while writing (or renaming to) path ends the run with one line that says what to
-    do, and after_failure: what the failure left."""
+    """An OSError while writing path ends the run in one line: what to do, and after_failure."""
     try:
         yield
     except OSError as e:
@@ -609,7 +580,7 @@ def writing(path, after_failure=None):
 
 def writeup_data(args):
     """(meta.json's source, a function that writes train.bin and val.bin given their temporary
-    paths) for the write-ups' own data: their token files, or their text."""
+    paths) for the write-ups' token files or text."""
     out_dir = f" --out_dir {args.out_dir}" if args.out_dir != DEFAULT_DATA_DIR else ""
     by_hand = (f"save {WRITEUP_FILES['wikipedia.txt'].urls[0]} by hand and run `python "
                f"prepare_wikipedia.py --dataset=writeup --input wikipedia.txt{out_dir}`")
@@ -664,8 +635,8 @@ def document_data(args):
 
 
 def write_outputs(args, source, write):
-    """Write train.bin and val.bin (write(temps) writes them and returns their stats) and meta.json
-    into args.out_dir, each under a temporary name of this process first, then renamed."""
+    """Write train.bin and val.bin (write(temps) returns their stats) and meta.json into
+    args.out_dir, each under a temporary name of this process first, then renamed."""
     finals = {name: os.path.join(args.out_dir, name) for name in OUTPUTS}
     temps = {name: f"{path}.{os.getpid()}.tmp" for name, path in finals.items()}
     try:
@@ -700,8 +671,7 @@ def write_outputs(args, source, write):
 
 
 def small_val_warning(val, args):
-    """A warning naming the setting that grows val, when val is too small to estimate a loss on;
-    else None."""
+    """A warning naming the setting that grows a val too small to estimate a loss on, or None."""
     documents = val.get("documents")  # The write-ups' text is one text, of no documents.
     if val["tokens"] >= MIN_VAL_TOKENS and (documents or MIN_VAL_DOCUMENTS) >= MIN_VAL_DOCUMENTS:
         return None
@@ -725,8 +695,7 @@ def small_val_warning(val, args):
 # --------------------------------------------------------------------------- the command line
 
 def check_settings(args):
-    """Refuse flags that do not apply to the data asked for, or that contradict each other; fill
-    in the defaults that depend on others."""
+    """Refuse flags that do not apply or contradict; fill in the defaults that depend on others."""
     if args.val and not args.input:
         raise ConfigError("--val needs --input: it names the val files among your text files")
     if args.dataset is None and (args.tokens or not (args.input or args.zip)):
@@ -757,8 +726,9 @@ def check_settings(args):
         raise ConfigError(f"--{'zip' if args.zip else 'dataset'} names a zip to read, and --input "
                           "names text files instead; HINT: give one of them")
     for flag in ("threads", "train_tokens", "val_tokens"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag} must be 1 or more, got {value}")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         raise ConfigError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     both = set(map(os.path.realpath, args.input or [])) & set(map(os.path.realpath, args.val or []))
@@ -777,8 +747,7 @@ def check_settings(args):
 
 
 def check_readable(paths):
-    """Refuse an --input, --val or --zip file that cannot be read: now, rather than as a write error
-    of the .bin that reads it later."""
+    """Refuse a file that cannot be read: now, rather than as a write error of the .bin later."""
     for path in paths:
         try:
             open(path, "rb").close()
@@ -788,13 +757,13 @@ def check_readable(paths):
 
 
 def remove_stale_temporaries(out_dir):
-    """Remove the temporary files of earlier runs that were killed; those of a live run stay."""
+    """Remove the temporary files of killed runs; those of a live run stay."""
     for name in os.listdir(out_dir):
         match = re.fullmatch(r"(train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", name)
         if match is None:
             continue
         try:
-            os.kill(int(match[2]), 0)  # It asks whether the process that writes it lives.
+            os.kill(int(match[2]), 0)  # Does the process that writes it live?
         except ProcessLookupError:
             os.remove(os.path.join(out_dir, name))
             print(f"removed {os.path.join(out_dir, name)}, left by an interrupted run")
@@ -851,8 +820,7 @@ def prepare_data(argv):
 
 @script
 def main(argv):
-    """Exit status: 0 done, 1 an error, 2 a bad setting, 130 Ctrl-C, 143 SIGTERM (128 + the
-    signal: a scheduler sees a termination, not an error)."""
+    """Exit status: 0 done, 1 an error, 2 a bad setting, 128 + the signal for a stop signal."""
     prepare_data(argv)
 
 

@@ -1,24 +1,17 @@
 """
-Samples text from a model that train.py trained (any of the three; ckpt.pt names its type).
+Samples text from a model that train.py trained (the checkpoint names its type).
 
-    python sample.py --out_dir=out-future50_mse
     python sample.py --out_dir=out-tiny_cpu --start="The history of" --num_samples=5
     python sample.py --out_dir=out-encdec_mse_possub --start=FILE:prompt.txt --temperature=0.7
     python sample.py --out_dir=out-tiny_cpu --checkpoint=latest  # ckpt.pt, the latest state
-    python sample.py --help                                   # every key with its default
 
-By default the model is out_dir/best.pt, the evaluation with the lowest val loss; a run
-saves that and its latest state, ckpt.pt (--checkpoint=latest). The line naming the checkpoint,
-its iteration and val loss goes to stderr, and so do every note and a progress line every few
-seconds of a long generation; the samples alone go to stdout (`> samples.txt` keeps them).
-
-Tokens are GPT-2 BPE (tiktoken); offline, point TIKTOKEN_CACHE_DIR at a cached copy.
+The model is out_dir/best.pt, the evaluation with the lowest val loss, unless --checkpoint=latest
+asks for ckpt.pt. Notes go to stderr and the samples alone to stdout (`> samples.txt` keeps them).
 """
 
 import math
 import os
 import sys
-import time
 
 import tiktoken
 import torch
@@ -30,20 +23,17 @@ from train import autocast_for, load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     out_dir="out",  # the training run to sample from
-    # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt, where training is)
-    checkpoint="best",
+    checkpoint="best",  # 'best' (best.pt, the lowest val loss) or 'latest' (ckpt.pt)
     start="\n",  # the prompt, or FILE:path to read the prompt from a file
     num_samples=3,  # samples to draw
     max_new_tokens=200,  # tokens generated per sample
     temperature=0.8,  # > 0; below 1 sharper, above 1 more random
-    # sample among the top_k most likely tokens; 0 = among all, 1 = greedy (always the likeliest)
-    top_k=200,
+    top_k=200,  # sample among the top_k most likely tokens; 0 = among all, 1 = greedy
     seed=1337,
     device="cuda" if torch.cuda.is_available() else "cpu",
     dtype="auto",  # 'float32', 'bfloat16', 'float16'; auto = bf16 (else fp16) on CUDA, fp32 on CPU
     compile=False,  # torch.compile the forward pass (pays off for long samples on a GPU)
 )
-PROGRESS_S = 5.0  # seconds between progress lines (stderr): a generation that takes less shows none
 
 
 def read_prompt(start):
@@ -51,8 +41,7 @@ def read_prompt(start):
         return start
     path = start[len("FILE:"):]
     if not os.path.isfile(path):
-        raise ConfigError(f"prompt file {path} not found "
-                          "(--start=FILE:path reads the prompt from path)")
+        raise ConfigError(f"prompt file {path} not found")
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -63,24 +52,20 @@ def read_prompt(start):
 
 
 def gpt2_tokenizer():
-    """tiktoken's GPT-2 BPE, or a UserError saying how to get it offline."""
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
         raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set "
-                        "TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached files "
-                        "(README: Offline)") from None
+                        "TIKTOKEN_CACHE_DIR to a folder of tiktoken's cached files") from None
 
 
 def check_which(which):
-    """Refuse a --checkpoint setting other than 'best' or 'latest'."""
     if which not in ("best", "latest"):
         raise ConfigError(f"checkpoint must be 'best' or 'latest', got {which!r}")
 
 
-def model_path(out_dir, which="best"):
-    """out_dir/best.pt or ckpt.pt (a run without best.pt gives its ckpt.pt)."""
-    check_which(which)
+def model_path(out_dir, which):
+    """out_dir/best.pt or ckpt.pt; a run without best.pt gives its ckpt.pt."""
     best, latest = os.path.join(out_dir, "best.pt"), os.path.join(out_dir, "ckpt.pt")
     if which == "latest":
         return latest
@@ -91,8 +76,7 @@ def model_path(out_dir, which="best"):
 
 
 def read_settings(defaults, argv):
-    """defaults under a config file and flags (configurator.py). model_type is no setting of
-    sample.py or visualize.py: the checkpoint decides the model."""
+    """The settings of sample.py or visualize.py, where the checkpoint decides the model."""
     files, overrides = configurator.parse(argv)
     if "model_type" in {**files, **overrides}:
         raise ConfigError("model_type is not a setting here: the checkpoint decides the model")
@@ -109,7 +93,7 @@ def check_settings(config):
         if config[key] < 1:
             raise ConfigError(f"{key} must be at least 1, got {config[key]}")
     check_which(config["checkpoint"])
-    # train.py's rules for the keys that sample.py shares with it: dtype and seed
+    # dtype and seed follow train.py's rules
     for keys, ok, rule in train.RULES:
         for key in keys:
             if key in config and not ok(config[key]):
@@ -117,16 +101,8 @@ def check_settings(config):
     train.check_device(config["device"])
 
 
-def duration(seconds):
-    """'40 s', '7 minutes', '3.5 hours'."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:,.1f} hours"
-
-
 def provenance(path, checkpoint):
-    """One line: the checkpoint sampled from, its model, iteration and val loss. best.pt holds
-    the model of its val loss; ckpt.pt, the latest state, may be past the best evaluation."""
+    """One line; ckpt.pt may be past the best evaluation, so its val loss is the best so far."""
     best = checkpoint["best_val_loss"]
     if not math.isfinite(best):
         val = "no val loss yet"
@@ -139,8 +115,7 @@ def provenance(path, checkpoint):
 
 
 def compiled_forward(model, backend="inductor"):
-    """model.forward compiled for generate(), which calls the model itself at every length up to
-    block_size (prompts grow, hence dynamic shapes): a few graphs for all lengths."""
+    """Dynamic shapes: generate() calls the model at every length up to block_size."""
     return torch.compile(model.forward, dynamic=True, backend=backend)
 
 
@@ -150,13 +125,11 @@ def sample(config):
     path = model_path(config["out_dir"], config["checkpoint"])
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint)
-    # on stderr, so that `python sample.py ... > samples.txt` holds the samples alone
     print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
     _, autocast = autocast_for(config["dtype"], torch.device(device).type)
-    model.eval()
-    model.to(device)
+    model.eval().to(device)
     if config["compile"]:
         model.forward = compiled_forward(model)
 
@@ -169,36 +142,17 @@ def sample(config):
                           f"({model.config.vocab_size})")
     if len(ids) > model.config.block_size:  # generate() feeds the model the last block_size tokens
         print(f"note: the prompt has {len(ids):,} tokens; the model sees only the last "
-              f"{model.config.block_size} (its block_size), then the tokens it generates",
-              file=sys.stderr)
+              f"{model.config.block_size}, its block_size", file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
 
     torch.manual_seed(config["seed"])
+    texts = []
     with torch.no_grad(), autocast:
-        return [enc.decode(y[0].tolist()) for y in generate(model, x, config)]
-
-
-def generate(model, x, config):
-    """num_samples continuations of x (1, T), each of max_new_tokens tokens. model.generate is
-    called one token at a time, which draws the same tokens as one call for all of them, so that
-    a long generation (a slow or busy CPU) shows its progress on stderr every PROGRESS_S seconds."""
-    n_new = config["max_new_tokens"]
-    total = config["num_samples"] * n_new
-    t0 = shown = time.monotonic()
-    samples = []
-    for sample_index in range(config["num_samples"]):
-        y = x
-        for token in range(1, n_new + 1):
-            y = model.generate(y, 1, temperature=config["temperature"],
+        for _ in range(config["num_samples"]):
+            y = model.generate(x, config["max_new_tokens"], temperature=config["temperature"],
                                top_k=config["top_k"] or None)
-            now = time.monotonic()
-            if now - shown >= PROGRESS_S:
-                shown, done = now, sample_index * n_new + token
-                rate = done / (now - t0)
-                print(f"{done:,} of {total:,} tokens, {rate:.1f} tokens/s, "
-                      f"about {duration((total - done) / rate)} left", file=sys.stderr)
-        samples.append(y)
-    return samples
+            texts.append(enc.decode(y[0].tolist()))
+    return texts
 
 
 @configurator.script

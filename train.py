@@ -132,12 +132,9 @@ def get_config(argv, script_keys=()):
 
 def check_device(device):
     """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon), and be there."""
-    try:
-        kind, index = torch.device(device).type, torch.device(device).index or 0
-    except RuntimeError:
-        kind, index = None, 0
-    there = dict(cpu=True, cuda=index < torch.cuda.device_count(),
-                 mps=torch.backends.mps.is_available())
+    kind, _, index = device.partition(":")
+    there = dict(cpu=not index, mps=not index and torch.backends.mps.is_available(),
+                 cuda=(index or "0").isdigit() and int(index or 0) < torch.cuda.device_count())
     if not there.get(kind):
         raise ConfigError(f"device={device!r} is not on this machine: use cpu, or cuda, cuda:N or "
                           "mps where there is one")
@@ -597,12 +594,10 @@ def diverged(what, config, last_good_iter):
     """The error that stops a run gone non-finite, with how to go on at a lower learning rate."""
     lr = min(config["learning_rate"] / 2, DEFAULTS["learning_rate"])
     flags = f"--learning_rate={lr:g}" + (f" --min_lr={lr:g}" if config["min_lr"] > lr else "")
-    if last_good_iter is None:
-        return UserError(f"{what}: stopped, and nothing was saved; start again with "
-                         f"--overwrite=True {flags}")
-    return UserError(f"{what}: stopped, and nothing non-finite was saved; {config['out_dir']}/"
-                     f"ckpt.pt holds iteration {last_good_iter}, the last good one; resume it with "
-                     f"the same command and --init_from=resume {flags}")
+    go_on = "start again with" if last_good_iter is None else (
+        f"{config['out_dir']}/ckpt.pt holds iteration {last_good_iter}, the last good one; resume "
+        "it with the same command and --init_from=resume")
+    return UserError(f"{what}: stopped, and nothing non-finite was saved; {go_on} {flags}")
 
 
 # ----------------------------------------

@@ -473,6 +473,23 @@ def test_a_closed_pipe_stops_the_run_with_its_state_saved(data_dir, tmp_path):
     assert max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at  # no step lost
 
 
+@pytest.mark.parametrize("lines, stderr_too", [(2, False), (6, True)])
+def test_a_run_read_through_head_saves_its_state(lines, stderr_too, data_dir, tmp_path):
+    # `train.py ... | head -2` and `train.py ... 2>&1 | head -6`, through a real shell pipe: head
+    # leaves after the first evaluation's line, or mid-run with stderr in the same pipe, where no
+    # message can be read; the state of the last step is saved all the same
+    out_dir = tmp_path / "run"
+    command = " ".join(["exec", sys.executable, "train.py", *run_argv(data_dir, out_dir, max_iters=100_000,
+                                                                      eval_interval=100_000)])
+    redirect = " 2>&1" if stderr_too else " 2>/dev/null"
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {command}{redirect} | head -{lines}"], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGPIPE and len(done.stdout.splitlines()) == lines
+    assert "Traceback" not in done.stdout + done.stderr
+    stopped_at = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert stopped_at >= 1 and max(r["iter"] for r in read_log(out_dir) if r["type"] == "train") == stopped_at
+
+
 def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_file(data_dir, tmp_path, monkeypatch, capsys):
     out_dir = tmp_path / "run"
     assert train.main(run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
