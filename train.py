@@ -358,7 +358,7 @@ def write_atomically(path, write, size=0):
 
 def save_checkpoint(path, checkpoint, config):
     """Writes a checkpoint atomically, if it holds nothing non-finite."""
-    tensors = dict(named_tensors(checkpoint))
+    tensors = dict(leaves(checkpoint, torch.Tensor))
     finite = {}  # one read per device: AdamW's step counts stay on the CPU
     for t in tensors.values():
         if t.is_floating_point():
@@ -371,15 +371,6 @@ def save_checkpoint(path, checkpoint, config):
     size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in tensors.values()}.values())
     write_atomically(path, lambda f: torch.save(checkpoint, f), size)
-
-
-def named_tensors(value, name=""):
-    """(name/key/..., tensor) for each tensor in nested dicts, lists and tuples."""
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, (dict, list, tuple)):
-        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-            yield from named_tensors(item, f"{name}/{key}" if name else str(key))
 
 
 def load_checkpoint(path, keys=MODEL_KEYS, mmap=False):
@@ -453,7 +444,7 @@ def log(path, record, wandb=None):
     except OSError:  # a closed pipe or terminal, whose SIGPIPE or SIGHUP asks for a stop
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     # JSON has no NaN or infinity: such a number becomes null, and its name is listed
-    nonfinite = [name for name, value in flat(record) if not math.isfinite(value)]
+    nonfinite = [name for name, value in leaves(record) if not math.isfinite(value)]
     record = json.loads(json.dumps(record), parse_constant=lambda constant: None)
     record.update(time=time.time(), **({"nonfinite": nonfinite} if nonfinite else {}))
     try:
@@ -462,7 +453,7 @@ def log(path, record, wandb=None):
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror.lower()}") from None
     if wandb:
-        wandb.log(dict(flat(record, record["type"])))
+        wandb.log(dict(leaves(record, name=record["type"])))
 
 
 def console_line(record):
@@ -485,13 +476,14 @@ def console_line(record):
     return f"eval at iter {record['iter']}: {losses}{best}"
 
 
-def flat(value, name=""):
-    """(name/key/..., number) for each number in nested dicts and lists (items from 1)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+def leaves(value, kind=(int, float), name=""):
+    """(name/key/..., leaf) for each leaf of kind (numbers, or tensors) in nested dicts, lists
+    and tuples; list items count from 1, as layers do."""
+    if isinstance(value, kind) and not isinstance(value, bool):
         yield name, value
-    elif isinstance(value, (dict, list)):
+    elif isinstance(value, (dict, list, tuple)):
         for key, item in value.items() if isinstance(value, dict) else enumerate(value, 1):
-            yield from flat(item, f"{name}/{key}" if name else str(key))
+            yield from leaves(item, kind, f"{name}/{key}" if name else str(key))
 
 
 # ----------------------------------------
@@ -793,7 +785,7 @@ def start_log(path, config, model, state, world_size):
 def check_step(iteration, numbers, aux, config, last_good_iter):
     """Stops the run before a non-finite loss or gradient changes the weights (under fp16, the
     gradient scaler skips such a step)."""
-    checked = [("loss", numbers["loss"]), *flat(aux)]
+    checked = [("loss", numbers["loss"]), *leaves(aux)]
     if config["dtype"] != "float16":
         checked.append(("gradient norm", numbers["grad_norm"]))
     if bad := [name for name, value in checked if not math.isfinite(value)]:
