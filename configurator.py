@@ -50,13 +50,10 @@ def script(main):
         previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS}
         try:
             return main(sys.argv[1:] if argv is None else argv) or 0
-        except UserError as e:
-            say(f"error: {e}")
-            return e.status
-        except Stopped as e:
+        except (UserError, Stopped) as e:
             if str(e):  # the processes of a DDP run but rank 0 say nothing
-                say(str(e))
-            return 128 + e.signum
+                say(f"error: {e}" if isinstance(e, UserError) else str(e))
+            return e.status if isinstance(e, UserError) else 128 + e.signum
         except BrokenPipeError:  # `python sample.py | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE

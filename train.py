@@ -577,9 +577,9 @@ def rank0_decides(ddp):
     if ddp:
         shared = [problem]
         dist.broadcast_object_list(shared, src=0)
-        problem = shared[0]
+        problem = shared[0] if dist.get_rank() == 0 or not shared[0] else type(shared[0])("")
     if problem:
-        raise problem
+        raise problem  # said by rank 0 alone
 
 
 def diverged(what, config, last_good_iter):

@@ -12,6 +12,7 @@ import collections
 import errno
 import fcntl
 import hashlib
+import importlib.machinery
 import json
 import os
 import select
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import termios
 import time
+import types
 import weakref
 
 import numpy as np
@@ -371,6 +373,25 @@ def test_a_failed_resume_leaves_nothing_behind(data_dir, tmp_path, capsys):
     assert train.main(argv_for(data_dir, out_dir, init_from="resume")) == 1
     assert f"no checkpoint at {out_dir}/ckpt.pt" in last_error(capsys)
     assert os.listdir(out_dir) == ["log.jsonl"]
+
+
+def test_wandb_gets_the_records_that_the_log_gets(data_dir, tmp_path, monkeypatch):
+    calls = []
+    wandb = types.ModuleType("wandb")  # a stand-in: what train.py hands to wandb
+    wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    wandb.init = lambda **kwargs: calls.append(("init", kwargs))
+    wandb.log = lambda numbers: calls.append(("log", numbers))
+    wandb.finish = lambda: calls.append(("finish", None))
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    assert train.main(argv_for(data_dir, tmp_path, max_iters=2, eval_interval=2, wandb_log=True,
+                               wandb_run_name="tiny")) == 0
+    (first, init), *logged, last = calls
+    assert first == "init" and init["name"] == "tiny" and init["config"]["max_iters"] == 2
+    assert last == ("finish", None)
+    records = [r for r in read_log(tmp_path) if r["type"] != "start"]
+    assert [numbers for _, numbers in logged][1:] == [  # the start record first, then each record's numbers
+        {f"{r['type']}/{name}": value for name, value in train.leaves(r) if name != "time"} | {
+            f"{r['type']}/time": r["time"]} for r in records]
 
 
 def test_missing_wandb_writes_nothing(data_dir, tmp_path, monkeypatch, capsys):
@@ -1073,7 +1094,6 @@ def test_accumulation_must_divide_the_world_size(data_dir, tmp_path, monkeypatch
 WORKER = """
 import os, sys, torch
 import train
-import train as settings
 config = train.get_config(sys.argv[1:])
 result = train.train(config)
 torch.save(result["model"].state_dict(), os.path.join(config["out_dir"], f"rank{os.environ['RANK']}.pt"))
@@ -1082,6 +1102,44 @@ torch.save(result["model"].state_dict(), os.path.join(config["out_dir"], f"rank{
 sys.stdout.flush()
 os._exit(0)
 """
+
+
+RANK0_POISONED = """
+import os, sys
+import train
+estimate, calls = train.estimate_loss, []
+def poisoned(*args, **kwargs):  # rank 0 alone evaluates: its second val loss is NaN
+    calls.append(1)
+    losses = estimate(*args, **kwargs)
+    return dict(losses, val_loss=float("nan")) if len(calls) == 2 else losses
+train.estimate_loss = poisoned
+status = train.main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)  # without the teardown in which gloo's threads may abort a process
+"""
+
+
+@pytest.mark.parametrize("what", ["a folder that holds a run", "a non-finite evaluation"])
+def test_what_stops_rank_0_stops_every_process(what, data_dir, tmp_path):
+    # rank 0 alone checks out_dir and evaluates: what stops it there ends the other process too,
+    # which would otherwise wait for it forever in the next collective
+    out_dir, worker = tmp_path / "run", tmp_path / "worker.py"
+    worker.write_text(RANK0_POISONED if what == "a non-finite evaluation" else
+                      "import sys, train\nsys.exit(train.main(sys.argv[1:]))\n")
+    if what == "a folder that holds a run":
+        assert train.main(argv_for(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
+    env = dict(ENV, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(worker), *argv_for(data_dir, out_dir, max_iters=4, eval_interval=2,
+                                                  gradient_accumulation_steps=2)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    expected = (f"error: {out_dir} already holds a run" if what == "a folder that holds a run" else
+                "error: non-finite losses at the evaluation of iteration 2: stopped")
+    assert len(errors) == 1 and errors[0].startswith(expected), done.stderr[-3000:]  # rank 0's alone
+    assert load_checkpoint(out_dir / "ckpt.pt", TRAINING_KEYS)["iter_num"] == (2 if "folder" in what else 0)
 
 
 def test_two_process_ddp_on_gloo(data_dir, tmp_path):
