@@ -193,7 +193,7 @@ def check_data(data_dir, block_size, vocab_size):
         with open(meta_path) as f:
             meta = json.load(f)
     except FileNotFoundError:
-        meta = {}  # data made elsewhere
+        meta = {}  # data made elsewhere, with nothing to check it against
     except (OSError, ValueError) as e:
         raise UserError(f"{meta_path} cannot be read ({e}): prepare the data again") from None
     for split in ("train", "val"):
@@ -226,14 +226,14 @@ def data_stamps(data_dir):
 
 def get_batch(data_dir, split, generator, batch_size, block_size, device):
     """batch_size random windows of split.bin: x (B, T), and y, x shifted by one token."""
-    # a memmap per batch: a long-lived np.memmap leaks memory
+    # a new memmap for each batch, because a long-lived np.memmap leaks memory
     tokens = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
     starts = torch.randint(len(tokens) - block_size, (batch_size, 1), generator=generator).numpy()
     windows = torch.from_numpy(tokens[starts + np.arange(block_size + 1)].astype(np.int64))
     x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
-    if device.startswith("cuda"):
+    if device.startswith("cuda"):  # pinned memory lets the copy run while the GPU computes
         x, y = x.pin_memory(), y.pin_memory()
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # while it computes
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
 
@@ -263,7 +263,7 @@ def estimate_loss(model, config, device, autocast):
     model.eval()
     means = []
     for split in ("train", "val"):
-        total = 0  # on the device: no batch waits for the host
+        total = 0  # a tensor on the device, so that no batch waits for the host
         for _ in range(config["eval_iters"]):
             X, Y = get_batch(config["data_dir"], split, generator, config["batch_size"],
                              config["block_size"], device)
@@ -287,9 +287,9 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp=False):
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast:
                 logits, loss, aux = model(X, Y)
-            with torch.no_grad():  # what the evaluations measure
+            with torch.no_grad():  # the cross-entropy alone, as the evaluations measure it
                 cross_entropy = F.cross_entropy(logits.flatten(0, 1).float(), Y.flatten())
-            del logits  # not kept alive through the next forward pass
+            del logits  # freed here, so that the next forward pass does not keep it alive
             if not last:
                 X, Y = next(batches)  # the next batch is copied while the GPU computes
             scaler.scale(loss / accum_steps).backward()  # the gradients of the mean loss
@@ -314,7 +314,7 @@ def read_numbers(numbers, ddp):
 # checkpoints: ckpt.pt holds all that a resumed run needs, best.pt the best model; tensors and
 # plain values only, which torch.load(weights_only=True) reads without running code
 
-FORMAT = "train.py checkpoint v1"  # changes with the layout
+FORMAT = "train.py checkpoint v1"  # changed whenever the layout changes
 MODEL_KEYS = ("format", "model_type", "model_args", "model", "config", "iter_num", "best_val_loss")
 TRAINING_KEYS = MODEL_KEYS + ("last_eval_iter", "data", "optimizer", "scaler", "rng")
 
@@ -367,7 +367,7 @@ def save_checkpoint(path, checkpoint, config):
         bad = next(name for name, t in tensors.items() if not t.isfinite().all())
         raise diverged(f"iteration {checkpoint['iter_num']}: non-finite values in {bad}", config,
                        checkpoint["last_good_iter"])
-    # the tied embedding and head share a storage, written once
+    # the tied embedding and output head share one storage, which torch.save writes once
     size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in tensors.values()}.values())
     write_atomically(path, lambda f: torch.save(checkpoint, f), size)
@@ -396,7 +396,7 @@ def model_from_checkpoint(checkpoint):
     try:
         model = build_model(checkpoint["model_type"], checkpoint["model_args"])
         model.load_state_dict(checkpoint["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # KeyError: an unknown model
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # KeyError: no such model
         raise UserError(f"the checkpoint does not fit model_{checkpoint['model_type']}: "
                         f"{str(e).splitlines()[0]}") from None
     return model
@@ -557,11 +557,11 @@ class StopSignals:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
-    def agreed(self, ddp):
+    def agreed(self, ddp, device):
         """The signal any process got: all stop after the same step."""
         if not ddp:
             return self.signum
-        flag = torch.tensor([self.signum or 0])
+        flag = torch.tensor([self.signum or 0], device=device)  # nccl reduces GPU tensors only
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() or None
 
@@ -597,8 +597,8 @@ def diverged(what, config, last_good_iter):
 
 
 def train(config):
-    """Trains as the config says, in each process under torchrun; returns the model, iter_num and
-    best_val_loss. A stop signal ends it after the step under way, saved (Stopped)."""
+    """Trains as the config says, in each process under torchrun. Returns the model, iter_num and
+    best_val_loss, or raises Stopped after a stop signal."""
     master = int(os.environ.get("RANK", 0)) == 0  # rank 0 checks, logs and saves
     ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # under torchrun
     device = config["device"]
@@ -696,7 +696,7 @@ def run(config, signals, state, checkpoint, stamps):
                         state.last_good_iter = state.iter_num
         if state.iter_num >= config["max_iters"]:
             break
-        if signum := signals.agreed(ddp):  # save, and stop
+        if signum := signals.agreed(ddp, device):  # a stop signal: save, then stop
             rng = rng_states(batch_generator, world_size)
             if master and state.may_save_latest(evaluated=False):
                 save_checkpoint(ckpt_path, checkpoint_now(rng)[1], config)
