@@ -2,10 +2,9 @@
 Tests of train.py, on a CPU with tiny models on random tokens (conftest.py): a run trains, logs
 and saves; resume reproduces an unbroken run; signals stop after the step with the state saved;
 the out_dir guard and lock; --eval_only; non-finite losses and diverging runs; damaged
-checkpoints; the identity and lock of the data; what a GPU would wait on (host reads of device
-values) and logits kept across micro-steps; gradient accumulation and DDP. A test of what
-train.py does belongs here even when it exercises checkpoint.py or cli.py through it.
-Run: python -m pytest -q test_train.py
+checkpoints; the identity of the data; what a GPU would wait on (host reads of device values)
+and logits kept across micro-steps; gradient accumulation and DDP.
+Run: python -m pytest -q tests/test_train.py
 """
 
 import collections
