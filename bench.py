@@ -174,25 +174,21 @@ def build(label, config, impl, micro_steps=None):
     """A dict with everything one run's step needs: model, optimizer, batch, autocast; a step
     is micro_steps forward-backward passes, by default the config's gradient_accumulation_steps."""
     device = config["device"]
-    device_type = torch.device(device).type  # 'cpu', 'cuda' or 'mps'
-    dtype, autocast = train.autocast_for(config["dtype"], device_type)
+    dtype, autocast = train.autocast_for(config["dtype"], torch.device(device).type)
     torch.manual_seed(config["seed"])
-    model = train.build_model(config["model_type"], train.model_args_of(config)).to(device)
+    # train.py's model, AdamW and gradient scaler (it also turns on TF32 matmuls)
+    model, optimizer, scaler = train.build(dict(config, dtype=dtype), 0, None, None)
     if config["model_type"] == "future_attn":
         try:
             model.set_impl(impl)
         except ValueError as e:  # an implementation that cannot compute this config's attention
             raise ConfigError(str(e)) from None
-    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                           (config["beta1"], config["beta2"]), device_type)
     shape = (config["batch_size"], config["block_size"])
     x = torch.randint(config["vocab_size"], shape, device=device)
     y = torch.randint(config["vocab_size"], shape, device=device)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
     return dict(label=label, config=config, impl=impl, device=device, dtype=dtype,
                 autocast=autocast, model=model,
                 step_model=torch.compile(model) if config["compile"] else model,
-                params=[p for p in model.parameters() if p.requires_grad],
                 optimizer=optimizer, scaler=scaler, x=x, y=y,
                 micro_steps=micro_steps or config["gradient_accumulation_steps"],
                 times=[], peak_memory=0)
@@ -217,13 +213,8 @@ def step(run):
     t0 = time.perf_counter()
     numbers = train.forward_backward(run["step_model"], itertools.repeat((run["x"], run["y"])),
                                      run["micro_steps"], run["autocast"], run["scaler"])
-    run["scaler"].unscale_(run["optimizer"])
-    grad_clip = run["config"]["grad_clip"]
-    if grad_clip > 0:
-        numbers["grad_norm"] = torch.nn.utils.clip_grad_norm_(run["params"], grad_clip)
-    else:
-        grads = [p.grad for p in run["params"] if p.grad is not None]
-        numbers["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+    numbers["grad_norm"] = train.unscale_and_clip(run["optimizer"], run["scaler"],
+                                                  run["config"]["grad_clip"])
     train.read_numbers(numbers, ddp=False)  # the step's one read from the device
     run["scaler"].step(run["optimizer"])
     run["scaler"].update()
@@ -745,7 +736,6 @@ def main(argv):
     if bench["gpu_report"] and not cuda:
         raise UserError(f"--gpu_report measures a CUDA GPU, and the device here is {device}: run "
                         "it on a machine with one")
-    torch.backends.cuda.matmul.allow_tf32 = True
     bench["peak_flops"] = train.peak_flops(device)
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     if device.startswith("mps"):

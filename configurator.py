@@ -8,8 +8,10 @@ mistake its user can fix: in one line, never a traceback.
 import ast
 import contextlib
 import difflib
+import fcntl
 import os
 import signal
+import socket
 import sys
 
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
@@ -30,18 +32,19 @@ class ConfigError(UserError, ValueError):
     status = 2
 
 
-class Stopped(Exception):
-    """A stop signal ended the script; the message says what was saved."""
+class Stopped(BaseException):
+    """A stop signal ended the script; the message says what was saved. Like KeyboardInterrupt,
+    no `except Exception` catches it."""
 
     def __init__(self, signum, message=None):
-        self.signum = signum
+        self.signum, self.status = signum, 128 + signum
         super().__init__(message if message is not None else
                          f"stopped by {signal.Signals(signum).name}")
 
 
 def script(main):
-    """main(argv) made to return an exit status: 1 for a UserError, 2 for a ConfigError, 128 + the
-    signal's number for a stop signal, each said in one line."""
+    """main(argv) made to return an exit status (a UserError's, a ConfigError's, 128 + a stop
+    signal's number), each error said in one line."""
 
     def raise_stopped(signum, frame):
         raise Stopped(signum)
@@ -53,7 +56,7 @@ def script(main):
         except (UserError, Stopped) as e:
             if str(e):  # the processes of a DDP run but rank 0 say nothing
                 say(f"error: {e}" if isinstance(e, UserError) else str(e))
-            return e.status if isinstance(e, UserError) else 128 + e.signum
+            return e.status
         except BrokenPipeError:  # `python sample.py | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE
@@ -76,6 +79,25 @@ def exit_now(status):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(status)
+
+
+def lock_folder(folder, name, program):
+    """An flock on folder/name, a file naming its holder. The kernel releases it however the
+    process ends: a killed holder never blocks the folder."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, name), "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise UserError(f"{folder} is in use by {lock.read()}: wait for it to end, or use "
+                        "another folder") from None
+    except OSError as e:
+        raise UserError(f"cannot create {folder}: {e.strerror.lower()}") from None
+    lock.truncate(0)
+    lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
+    lock.flush()
+    return lock
 
 
 def wants_help(argv):

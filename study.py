@@ -85,7 +85,9 @@ say_lock = threading.Lock()  # the runs' reader threads print too
 
 
 def say(text):
-    with say_lock:
+    """Prints a line, which a closed terminal (after a SIGHUP) does not turn into an error that
+    would stop the study before its runs have saved."""
+    with say_lock, contextlib.suppress(OSError):
         print(text, flush=True)
 
 
@@ -901,7 +903,8 @@ def main(argv):
     runs = plan_runs(args.configs, args.seeds, args.out_root, args.flags)
     slots = pick_gpus(args.gpus)
     # one study per out_root: a second would take the first's runs for failed ones
-    lock = None if args.report_only else train.lock_folder(args.out_root, "study.lock", "study.py")
+    lock = None if args.report_only else configurator.lock_folder(args.out_root, "study.lock",
+                                                                  "study.py")
     try:
         failed = [] if args.report_only else train_study(runs, slots, args)
         table = write_table(runs, args)

@@ -12,7 +12,6 @@ Ctrl-C stops after the step under way, with its state saved.
 """
 
 import dataclasses
-import fcntl
 import hashlib
 import importlib.util
 import itertools
@@ -21,7 +20,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 import zipfile
@@ -298,6 +296,15 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp=False):
     return means
 
 
+def unscale_and_clip(optimizer, scaler, grad_clip):
+    """Unscales the gradients (fp16) and clips them at grad_clip if > 0; returns their norm."""
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grad_clip > 0:
+        return torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
 def read_numbers(numbers, ddp):
     """Tensors on the device as numbers (a list for a per-layer loss), read in one copy; under
     DDP, the means over the processes."""
@@ -331,8 +338,8 @@ class RunState:
     data: dict = None  # data_dir and the sha256 of each split
 
     def may_save_latest(self, evaluated):
-        """ckpt.pt takes the state after an evaluation, or between evaluations when it does not
-        hold this iteration yet, unless the run diverges."""
+        """ckpt.pt takes the state after an evaluation, or at a stop if it lacks this iteration,
+        unless the run diverges."""
         return not self.diverging and (evaluated or self.last_good_iter != self.iter_num)
 
 
@@ -345,11 +352,11 @@ def write_atomically(path, write, size=0):
             f.flush()
             os.fsync(f.fileno())  # on the disk before the rename
         os.replace(path + ".tmp", path)
-    except Exception as e:
+    except BaseException as e:  # a stop signal too
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-        if isinstance(e, OSError) or free < size:
+        if isinstance(e, OSError) or isinstance(e, RuntimeError) and free < size:
             cause = getattr(e, "strerror", None) or "no space left on device"
             raise UserError(f"cannot write {path}: {cause.lower()} ({free / 1e6:,.1f} MB free); "
                             "make space, or write elsewhere") from None
@@ -490,30 +497,11 @@ def leaves(value, kind=(int, float), name=""):
 # the run's guards: the out_dir, stop signals, errors of rank 0, divergence
 
 
-def lock_folder(folder, name, program):
-    """An flock on folder/name, a file naming its holder. The kernel releases it however the
-    process ends: a killed holder never blocks the folder."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        lock = open(os.path.join(folder, name), "a+")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        raise UserError(f"{folder} is in use by {lock.read()}: wait for it to end, or use "
-                        "another folder") from None
-    except OSError as e:
-        raise UserError(f"cannot create {folder}: {e.strerror.lower()}") from None
-    lock.truncate(0)
-    lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
-    lock.flush()
-    return lock
-
-
 def claim_out_dir(config):
     """Locks out_dir. A new run replaces a run there (ckpt.pt or best.pt) only when asked; to a
     log.jsonl alone, of a launch that saved nothing, it adds its records."""
     out_dir = config["out_dir"]
-    lock = lock_folder(out_dir, "train.lock", "train.py")
+    lock = configurator.lock_folder(out_dir, "train.lock", "train.py")
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
                 if os.path.exists(os.path.join(out_dir, name))]
     if config["init_from"] == "scratch" and existing and config["overwrite"]:
@@ -530,8 +518,8 @@ def claim_out_dir(config):
 class StopSignals:
     """The first stop signal (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1, or the SIGPIPE of a closed
     stdout, as after `train.py | head`) sets .signum, which the loop reads after each step to
-    save and stop. A second ends the process at once; the atomic writes leave every file whole.
-    Under torchrun, the same signal within 5 s is torchrun passing the first on."""
+    save and stop. A second ends the process at once (under torchrun, the same one within 5 s
+    is torchrun passing the first on); the atomic writes leave every file whole."""
 
     def __init__(self, speak, passed_on):
         self.signum, self.speak, self.passed_on = None, speak, passed_on
@@ -660,7 +648,6 @@ def run(config, signals, state, checkpoint, stamps):
         model = DDP(model, device_ids=[device] if "cuda" in device else None,
                     find_unused_parameters=unused)
     eval_model = model.module if ddp else model  # rank 0 evaluates alone, outside DDP
-    params = [p for p in raw_model.parameters() if p.requires_grad]
     batches = (get_batch(config["data_dir"], "train", batch_generator, config["batch_size"],
                          config["block_size"], device) for _ in itertools.count())
     accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
@@ -712,12 +699,7 @@ def run(config, signals, state, checkpoint, stamps):
         for group in optimizer.param_groups:
             group["lr"] = lr
         numbers = forward_backward(model, batches, accum_steps, autocast, scaler, ddp)
-        scaler.unscale_(optimizer)  # fp16: the true gradients, not the scaled ones
-        if config["grad_clip"] > 0:
-            numbers["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, config["grad_clip"])
-        else:
-            grads = [p.grad for p in params if p.grad is not None]
-            numbers["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+        numbers["grad_norm"] = unscale_and_clip(optimizer, scaler, config["grad_clip"])
         numbers = read_numbers(numbers, ddp)  # the one read from the device in a step
         aux = {name: numbers.pop(name) for name in list(numbers)
                if name not in ("loss", "cross_entropy", "grad_norm")}

@@ -1,14 +1,11 @@
 """
 Tests of bench.py's tools that need no GPU: the kernel kinds of --profile, a CPU profile and
 a CPU --splits run of a small model end to end, the MFU it reports, a step that is train.py's
-optimizer step, --memory, and --gpu_report's arguments, refusal, orchestration and table. Also
-that the splits it times train the same step: the same windows, the same gradients.
+optimizer step, --memory, and --gpu_report's arguments, refusal, orchestration and table.
 
     python -m pytest -q test_bench.py
 """
 
-import contextlib
-import itertools
 import json
 import re
 import types
@@ -17,11 +14,7 @@ import pytest
 import torch
 
 import bench
-import model_baseline
-import model_encdec
-import model_future_attn
 import train
-from conftest import DATA_VOCAB, tiny
 
 # a small model so that a step takes milliseconds on a CPU
 SMALL = ["config/tiny_cpu.py", "--device=cpu", "--vocab_size=256", "--n_layer=2", "--n_embd=32",
@@ -261,74 +254,6 @@ def test_causal_times_check_causal_in_a_fresh_process_per_model(tmp_path, monkey
     assert rows["models.py:causal"][-1] == "causal" and rows["models.py:leaky"][-2:] == ["-", "leak"]
     wall, cpu, checks = (float(x) for x in rows["models.py:causal"][:3])
     assert 0 <= checks < wall and cpu > 0  # a tiny model's checks may take less than the 0.1 s printed
-
-
-# --------------------------------------------------------------------------------------
-# the splits that --splits times train the same optimizer step
-
-
-def step_windows(data_dir, batch_size, accum_steps, block_size):
-    """x and y of one optimizer step's micro-batches as train.py draws them, from one generator,
-    concatenated: (batch_size * accum_steps, block_size) each."""
-    generator = torch.Generator().manual_seed(1337)
-    batches = [train.get_batch(data_dir, "train", generator, batch_size, block_size, "cpu")
-               for _ in range(accum_steps)]
-    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
-
-
-def test_the_writeups_splits_draw_the_same_windows(data_dir):
-    # the write-ups' 800 windows of 200 tokens per step, in 16, 4 or 1 draws
-    x, y = step_windows(data_dir, 50, 16, 200)
-    assert x.shape == y.shape == (800, 200) and torch.equal(y[:, :-1], x[:, 1:])
-    for batch_size, accum_steps in ((200, 4), (800, 1)):
-        x_split, y_split = step_windows(data_dir, batch_size, accum_steps, 200)
-        assert torch.equal(x_split, x) and torch.equal(y_split, y), f"{batch_size}x{accum_steps}"
-
-
-# The write-ups' 50 x 16, 200 x 4 and 800 x 1 scaled down by 6.25 to 128 sequences per step, with
-# their 16, 4 and 1 micro-steps; tiny models, float32.
-SMALL_SPLITS = [(8, 16), (32, 4), (128, 1)]
-SPLIT_MODEL = dict(vocab_size=DATA_VOCAB, block_size=16, dropout=0.0)
-# float32: the same sums taken in another order differ by about 1e-7 of their size
-GRADIENT_RTOL = 1e-5
-
-
-def step_gradients(model, data_dir, batch_size, accum_steps):
-    """(the step's loss, {name: gradient}) of one optimizer step as train.py takes it."""
-    generator = torch.Generator().manual_seed(1337)
-    batches = (train.get_batch(data_dir, "train", generator, batch_size, 16, "cpu")
-               for _ in itertools.count())
-    model.zero_grad(set_to_none=True)
-    numbers = train.forward_backward(model, batches, accum_steps, contextlib.nullcontext(),
-                                     torch.amp.GradScaler("cpu", enabled=False))
-    return numbers["loss"].item(), {name: p.grad.clone() for name, p in model.named_parameters()}
-
-
-def sequence_by_sequence(model, x, y):
-    """(the mean loss, {name: its gradient}) over the sequences of x and y, slowly: a forward
-    and backward pass per sequence, each loss divided by their number."""
-    model.zero_grad(set_to_none=True)
-    total = 0.0
-    for i in range(len(x)):
-        _, loss, _ = model(x[i:i + 1], y[i:i + 1])
-        (loss / len(x)).backward()
-        total += loss.item() / len(x)
-    return total, {name: p.grad.clone() for name, p in model.named_parameters()}
-
-
-@pytest.mark.parametrize("module", [model_baseline, model_future_attn, model_encdec],
-                         ids=["baseline", "future_attn", "encdec"])
-def test_every_split_gives_the_gradients_of_the_mean_loss(module, data_dir):
-    model = tiny(module, **SPLIT_MODEL)
-    (b0, k0), T = SMALL_SPLITS[0], SPLIT_MODEL["block_size"]
-    loss, gradients = sequence_by_sequence(model, *step_windows(data_dir, b0, k0, T))
-    for batch_size, accum_steps in SMALL_SPLITS:
-        split_loss, split_gradients = step_gradients(model, data_dir, batch_size, accum_steps)
-        assert split_loss == pytest.approx(loss, rel=GRADIENT_RTOL)
-        for name, gradient in split_gradients.items():
-            error = (gradient - gradients[name]).norm()
-            assert error <= GRADIENT_RTOL * gradients[name].norm(), \
-                f"{batch_size}x{accum_steps} {name}: {error / gradients[name].norm():.1e} of its norm"
 
 
 # --------------------------------------------------------------------------------------

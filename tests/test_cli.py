@@ -96,3 +96,26 @@ def test_a_reader_that_goes_away_ends_a_script_quietly():
     process.stdout.close()  # what head does after its lines
     assert process.wait(timeout=60) == 128 + signal.SIGPIPE
     assert process.stderr.read() == ""
+
+
+def test_a_stop_signal_passes_through_the_checks_that_catch_errors(tmp_path, monkeypatch):
+    # Stopped, like KeyboardInterrupt, is no Exception: a stop while a checkpoint is read stays a
+    # stop, not a "damaged checkpoint", and a stop mid-write leaves no temporary file
+    torch = pytest.importorskip("torch")
+    path = str(tmp_path / "ckpt.pt")
+    torch.save({"format": train.FORMAT}, path)
+
+    def stopped(*args, **kwargs):
+        raise configurator.Stopped(signal.SIGINT)
+
+    monkeypatch.setattr(train.torch, "load", stopped)
+    with pytest.raises(configurator.Stopped):
+        train.load_checkpoint(path)
+
+    def half_then_stopped(f):
+        f.write(b"half")
+        stopped()
+
+    with pytest.raises(configurator.Stopped):
+        train.write_atomically(str(tmp_path / "table.md"), half_then_stopped)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]

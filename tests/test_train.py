@@ -8,9 +8,11 @@ Run: python -m pytest -q tests/test_train.py
 """
 
 import collections
+import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import importlib.machinery
 import json
 import os
@@ -29,12 +31,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import model_baseline
+import model_encdec
+import model_future_attn
 import report
 import train
 from configurator import UserError
 from train import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
-from conftest import (ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
-                      next_line_with, read_log, start, trained_to, wait_for)
+from conftest import (DATA_VOCAB, ENV, REPO, TINY, argv_for, config_for, flags, flip_bits, last_error, line_reader,
+                      next_line_with, read_log, start, tiny, trained_to, wait_for)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -931,6 +936,74 @@ def test_a_two_process_run_stopped_by_a_signal_resumes(signum, sent_to, data_dir
     assert trains == list(range(1, stopped_at + 6))  # every step once, none lost, none twice
     assert records[-1]["type"] == "eval" and records[-1]["iter"] == stopped_at + 5
     assert load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"] == stopped_at + 5
+
+
+# --------------------------------------------------------------------------------------
+# the splits of one optimizer step (50 x 16, 200 x 4, 800 x 1) train the same step
+
+
+def step_windows(data_dir, batch_size, accum_steps, block_size):
+    """x and y of one optimizer step's micro-batches as train.py draws them, from one generator,
+    concatenated: (batch_size * accum_steps, block_size) each."""
+    generator = torch.Generator().manual_seed(1337)
+    batches = [train.get_batch(data_dir, "train", generator, batch_size, block_size, "cpu")
+               for _ in range(accum_steps)]
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+
+
+def test_the_writeups_splits_draw_the_same_windows(data_dir):
+    # the write-ups' 800 windows of 200 tokens per step, in 16, 4 or 1 draws
+    x, y = step_windows(data_dir, 50, 16, 200)
+    assert x.shape == y.shape == (800, 200) and torch.equal(y[:, :-1], x[:, 1:])
+    for batch_size, accum_steps in ((200, 4), (800, 1)):
+        x_split, y_split = step_windows(data_dir, batch_size, accum_steps, 200)
+        assert torch.equal(x_split, x) and torch.equal(y_split, y), f"{batch_size}x{accum_steps}"
+
+
+# The write-ups' 50 x 16, 200 x 4 and 800 x 1 scaled down by 6.25 to 128 sequences per step, with
+# their 16, 4 and 1 micro-steps; tiny models, float32.
+SMALL_SPLITS = [(8, 16), (32, 4), (128, 1)]
+SPLIT_MODEL = dict(vocab_size=DATA_VOCAB, block_size=16, dropout=0.0)
+# float32: the same sums taken in another order differ by about 1e-7 of their size
+GRADIENT_RTOL = 1e-5
+
+
+def step_gradients(model, data_dir, batch_size, accum_steps):
+    """(the step's loss, {name: gradient}) of one optimizer step as train.py takes it."""
+    generator = torch.Generator().manual_seed(1337)
+    batches = (train.get_batch(data_dir, "train", generator, batch_size, 16, "cpu")
+               for _ in itertools.count())
+    model.zero_grad(set_to_none=True)
+    numbers = train.forward_backward(model, batches, accum_steps, contextlib.nullcontext(),
+                                     torch.amp.GradScaler("cpu", enabled=False))
+    return numbers["loss"].item(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def sequence_by_sequence(model, x, y):
+    """(the mean loss, {name: its gradient}) over the sequences of x and y, slowly: a forward
+    and backward pass per sequence, each loss divided by their number."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for i in range(len(x)):
+        _, loss, _ = model(x[i:i + 1], y[i:i + 1])
+        (loss / len(x)).backward()
+        total += loss.item() / len(x)
+    return total, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("module", [model_baseline, model_future_attn, model_encdec],
+                         ids=["baseline", "future_attn", "encdec"])
+def test_every_split_gives_the_gradients_of_the_mean_loss(module, data_dir):
+    model = tiny(module, **SPLIT_MODEL)
+    (b0, k0), T = SMALL_SPLITS[0], SPLIT_MODEL["block_size"]
+    loss, gradients = sequence_by_sequence(model, *step_windows(data_dir, b0, k0, T))
+    for batch_size, accum_steps in SMALL_SPLITS:
+        split_loss, split_gradients = step_gradients(model, data_dir, batch_size, accum_steps)
+        assert split_loss == pytest.approx(loss, rel=GRADIENT_RTOL)
+        for name, gradient in split_gradients.items():
+            error = (gradient - gradients[name]).norm()
+            assert error <= GRADIENT_RTOL * gradients[name].norm(), \
+                f"{batch_size}x{accum_steps} {name}: {error / gradients[name].norm():.1e} of its norm"
 
 
 # --------------------------------------------------------------------------------------
