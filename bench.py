@@ -115,17 +115,17 @@ def parse_args(argv):
     impls = bench["impl"].split(",")
     if not set(impls) <= set(IMPLS):
         raise ConfigError(f"impl must be one or more of {', '.join(IMPLS)}, "
-                                       f"got {bench['impl']!r}")
+                          f"got {bench['impl']!r}")
     modes = [f"--{mode}" for mode in MODES if bench[mode]]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)} do not go together: pick one")
     if bench["profile_trace"] and not bench["profile"]:
         raise ConfigError("--profile_trace saves the trace of --profile: "
-                                       "add --profile")
+                          "add --profile")
     trace_dir = os.path.dirname(os.path.abspath(bench["profile_trace"]))
     if bench["profile_trace"] and not os.path.isdir(trace_dir):
         raise ConfigError("no directory for "
-                                       f"--profile_trace={bench['profile_trace']}: create it first")
+                          f"--profile_trace={bench['profile_trace']}: create it first")
     if bench["gpu_report"]:
         if paths:
             raise ConfigError("--gpu_report times the write-ups' three configs: give no config "
@@ -141,13 +141,13 @@ def parse_args(argv):
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise ConfigError("impl=flex needs --device=cuda: "
-                                           "FlexAttention has no backward on a CPU")
+                              "FlexAttention has no backward on a CPU")
         label = os.path.basename(path)[:-3] if path else config["model_type"]
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
     if bench["profile_trace"] and len(runs) > 1:
         raise ConfigError("--profile_trace takes one config and one --impl "
-                                       "(one trace per file)")
+                          "(one trace per file)")
     return bench, runs
 
 
@@ -159,7 +159,7 @@ def parse_splits(text):
         splits = []
     if not splits or any(len(split) != 2 or min(split) < 1 for split in splits):
         raise ConfigError("write splits as BATCHxACCUM, e.g. --splits=50x16,100x8; "
-                                       f"got {text!r}")
+                          f"got {text!r}")
     (b0, k0), *others = splits
     for b, k in others:
         if b * k != b0 * k0:
