@@ -93,7 +93,8 @@ def lock_folder(folder, name, program):
         raise UserError(f"{folder} is in use by {lock.read()}: wait for it to end, or use "
                         "another folder") from None
     except OSError as e:
-        raise UserError(f"cannot create {folder}: {e.strerror.lower()}") from None
+        raise UserError(f"cannot create {folder}: {e.strerror.lower()}; choose another "
+                        "folder") from None
     lock.truncate(0)
     lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
     lock.flush()

@@ -30,7 +30,6 @@ import signal
 import socket
 import ssl
 import sys
-import tempfile
 import time
 import zipfile
 from urllib.parse import urlparse
@@ -41,7 +40,7 @@ import tiktoken
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from configurator import ConfigError, Stopped, UserError, say, script
+from configurator import ConfigError, Stopped, UserError, lock_folder, say, script
 
 WRITEUP = "writeup"  # the default --dataset: the write-ups' own text, split and tokens
 DEFAULT_DATA_DIR = "data/wikipedia"  # where train.py looks by default
@@ -113,7 +112,7 @@ class DownloadError(UserError):
 
 
 class Offline(DownloadError):
-    """A host name that does not resolve: offline, every URL fails the same way."""
+    """A host name that does not resolve: a mirror's may; if none does, this machine is offline."""
 
 
 def cause(error):
@@ -159,7 +158,9 @@ def download(session, url, part, size):
     host = urlparse(url).hostname
     for _ in range(ATTEMPTS):
         done = os.path.getsize(part) if os.path.exists(part) else 0
-        if done >= size:
+        if done > size:  # It is no start of this file: the whole file is asked for, written over.
+            done = 0
+        if done == size:
             return  # An earlier run stopped before the rename; the sha256 check follows.
         try:  # It waits 10 s to connect, and 60 s between two reads.
             response = session.get(url, headers={"Range": f"bytes={done}-"} if done else None,
@@ -169,9 +170,6 @@ def download(session, url, part, size):
             raise DownloadError(f"gave up after {ATTEMPTS} attempts: "
                                 f"{type(reason).__name__}: {reason}") from None
         with response:
-            if response.status_code == 416:  # The part is longer than the file: start over.
-                os.remove(part)
-                continue
             if not response.ok:
                 raise DownloadError(f"HTTP {response.status_code} {response.reason}")
             if response.status_code == 200:
@@ -211,7 +209,7 @@ def fetch(pinned, path, hint):
                             "left as it is), and run again to download it")
         print(f"using {path}, downloaded before (its sha256 checked)")
         return path
-    failures, part = [], path + ".part"
+    failures, offline, part = [], 0, path + ".part"
     # A failed write is not the server's fault: it ends the run rather than trying another URL.
     with (http_session() as session,
           writing(part, after_failure="the next run resumes the download")):
@@ -219,10 +217,9 @@ def fetch(pinned, path, hint):
             say(f"downloading {url} ({pinned.size:,} bytes)")
             try:
                 download(session, url, part, pinned.size)
-            except Offline as e:
-                raise UserError(f"{e}: offline? {hint}") from None
             except DownloadError as e:
                 failures.append(f"{url}: {e}")
+                offline += isinstance(e, Offline)
                 continue
             problem = wrong_bytes(part, pinned)
             if problem is None:
@@ -230,6 +227,9 @@ def fetch(pinned, path, hint):
                 return path
             os.remove(part)  # It may hold two sources' bytes: the next run starts over.
             failures.append(f"{url}: {part} {problem}; deleted it")
+    if offline == len(pinned.urls):  # No host name resolved.
+        hosts = ", ".join(urlparse(url).hostname for url in pinned.urls)
+        raise UserError(f"cannot reach {hosts}: offline? {hint}")
     raise UserError(f"could not download {os.path.basename(path)}: {'; '.join(failures)}; "
                     f"HINT: {hint}")
 
@@ -322,8 +322,12 @@ def input_splits(paths, val_paths, val_fraction):
         raise UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold "
                         "some out for val; HINT: start articles with ` = Title = ` lines, or name "
                         "val files with --val")
+    n_val = max(1, round(n_docs * val_fraction))
+    if n_val == n_docs:
+        raise ConfigError(f"--val_fraction {val_fraction:g} leaves none of the {n_docs} documents "
+                          "for train; HINT: lower it")
     docs = file_documents(paths)
-    train_docs = itertools.islice(docs, n_docs - max(1, round(n_docs * val_fraction)))
+    train_docs = itertools.islice(docs, n_docs - n_val)
     return train_docs, docs  # val goes on with the same read, after train's documents
 
 
@@ -636,9 +640,9 @@ def document_data(args):
 
 def write_outputs(args, source, write):
     """Write train.bin and val.bin (write(temps) returns their stats) and meta.json into
-    args.out_dir, each under a temporary name of this process first, then renamed."""
+    args.out_dir, each under a temporary name first, then renamed."""
     finals = {name: os.path.join(args.out_dir, name) for name in OUTPUTS}
-    temps = {name: f"{path}.{os.getpid()}.tmp" for name, path in finals.items()}
+    temps = {name: f"{path}.tmp" for name, path in finals.items()}
     try:
         splits = write(temps)
         passes = WRITEUP_RUN_TOKENS / splits["train"]["tokens"]
@@ -756,21 +760,6 @@ def check_readable(paths):
                             "its permissions") from None
 
 
-def remove_stale_temporaries(out_dir):
-    """Remove the temporary files of killed runs; those of a live run stay."""
-    for name in os.listdir(out_dir):
-        match = re.fullmatch(r"(train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", name)
-        if match is None:
-            continue
-        try:
-            os.kill(int(match[2]), 0)  # Does the process that writes it live?
-        except ProcessLookupError:
-            os.remove(os.path.join(out_dir, name))
-            print(f"removed {os.path.join(out_dir, name)}, left by an interrupted run")
-        except PermissionError:
-            pass  # The process lives, and is another user's.
-
-
 def prepare_data(argv):
     """The command line's preparation; returns meta.json's contents."""
     parser = argparse.ArgumentParser(description=__doc__,
@@ -798,17 +787,18 @@ def prepare_data(argv):
     add("--threads", "--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads")
     args = parser.parse_args(argv)
     check_settings(args)
+    check_readable([*(args.input or []), *(args.val or []), *([args.zip] if args.zip else [])])
     try:
-        # An out_dir that cannot be written fails now, not after a download.
-        with writing(args.out_dir):
-            os.makedirs(args.out_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=args.out_dir).close()
-        remove_stale_temporaries(args.out_dir)
-        if not args.tokens:
-            check_tokenizer()  # fail before a long download, not after it
-        check_readable([*(args.input or []), *(args.val or []), *([args.zip] if args.zip else [])])
-        find = writeup_data if args.dataset == WRITEUP else document_data
-        meta = write_outputs(args, *find(args))
+        # The lock makes out_dir, and keeps a second run out of it while this one lasts: the two
+        # would write the same files, the download's .part among them.
+        with lock_folder(args.out_dir, "prepare.lock", "prepare_wikipedia.py"):
+            for name in OUTPUTS:  # A killed run's temporary files go; no other run writes now.
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(args.out_dir, f"{name}.tmp"))
+            if not args.tokens:
+                check_tokenizer()  # fail before a long download, not after it
+            find = writeup_data if args.dataset == WRITEUP else document_data
+            meta = write_outputs(args, *find(args))
     except (KeyboardInterrupt, Stopped) as e:  # script() raises Stopped for a stop signal.
         signum = getattr(e, "signum", signal.SIGINT)
         raise Stopped(signum, f"stopped by {signal.Signals(signum).name}: "

@@ -7,10 +7,11 @@ Covered: documents and splits on local text, tokens identical to tiktoken's own,
 text in flight, the write-ups' split (cut at the nearest document boundary), the WikiText
 detokenizer, refusing binary input, the download against local HTTP servers (resume, a connection
 cut half-way, servers that ignore Range, a busy server's Retry-After, redirects, fallback URLs, bad
-zips, sha256 pins, errors that are and are not retried, working offline), the WikiText-2 download,
+zips, sha256 pins, errors that are and are not retried, a mirror whose host name resolves when the
+first's does not, working offline), the WikiText-2 download,
 that an interrupted run (an exception, Ctrl-C, SIGTERM, a signal while tokenizing) or a failed write
 (a full disk, a read-only folder) leaves no output under the final names and an earlier set as it
-was, temporary names of each run's own, progress lines, the warning about a val split too small to
+was, one run at a time on a folder, progress lines, the warning about a val split too small to
 estimate a loss on (whichever way val.bin is made), and the write-ups' own data: the cut of their
 text into pieces (against every short string and 3 MB of adversarial text, their own five lines the
 reference), their text and token files downloaded, what GitHub answers when it does not serve them,
@@ -44,6 +45,7 @@ import numpy as np
 import pytest
 import tiktoken
 
+import configurator
 import train
 import prepare_wikipedia as pw
 from conftest import REPO
@@ -77,13 +79,13 @@ def read_docs(path):
 
 
 def outputs(out_dir):
-    """The files a run left in out_dir; [] if there is no out_dir."""
-    return sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    """The files a run left in out_dir, but its lock file; [] if there is no out_dir."""
+    return sorted(set(os.listdir(out_dir)) - {"prepare.lock"}) if os.path.isdir(out_dir) else []
 
 
 def tmp(name):
-    """The temporary name under which a run in this process writes the output called name."""
-    return f"{name}.{os.getpid()}.tmp"
+    """The temporary name under which a run writes the output called name."""
+    return f"{name}.tmp"
 
 
 def exit_message(argv):
@@ -443,6 +445,15 @@ def test_settings_that_contradict(tmp_path, flags, problem):
     assert pw.main(["--input", path, "--val_fraction", "1.5"]) == 2  # a bad setting, as configurator.py says
 
 
+def test_a_val_fraction_that_leaves_train_no_document_is_refused(tmp_path):
+    path, = write_files(tmp_path, [ARTICLES])  # 10 documents: 0.96 of them rounds to all 10
+    argv = ["--input", path, "--out_dir", str(tmp_path / "out"), "--num_proc", "1", "--val_fraction", "0.96"]
+    assert exit_message(argv) == "error: --val_fraction 0.96 leaves none of the 10 documents for train; HINT: lower it"
+    assert pw.main(argv) == 2 and outputs(tmp_path / "out") == []
+    meta = pw.prepare_data(argv[:-1] + ["0.9"])  # 9 documents for val, 1 for train
+    assert (meta["train"]["documents"], meta["val"]["documents"]) == (1, 9)
+
+
 def test_the_readme_puts_detokenize_on_the_prepare_command(tmp_path, monkeypatch):
     # the README's own-text sentence: --detokenize is prepare's flag, an unknown key to train.py
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
@@ -522,6 +533,7 @@ def test_bad_byte_offset_counts_earlier_lines(tmp_path):
 def test_missing_input(tmp_path):
     message = exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(tmp_path / "out")])
     assert message == f"error: cannot read {tmp_path / 'nope.txt'}: no such file or directory; HINT: check the path and its permissions"
+    assert not (tmp_path / "out").exists()  # refused before --out_dir is made or the tokenizer loaded
 
 
 def test_missing_input_exits_without_traceback(tmp_path):
@@ -535,33 +547,33 @@ def test_missing_input_exits_without_traceback(tmp_path):
 def test_too_little_text_and_unwritable_out_dir(tmp_path):
     one, = write_files(tmp_path, [ARTICLES[:1]])
     assert "need 2 or more" in exit_message(["--input", one, "--out_dir", str(tmp_path / "out")])
-    assert "cannot write" in exit_message(["--input", one, "--out_dir", os.path.join(one, "sub")])
+    assert exit_message(["--input", one, "--out_dir", os.path.join(one, "sub")]) == (
+        f"error: cannot create {os.path.join(one, 'sub')}: not a directory; choose another folder")
 
 
-def test_temporary_names_are_each_runs_own_and_a_killed_runs_are_removed(tmp_path, capsys):
-    # two runs on one out_dir never write the same temporary file; the next run removes those of a killed run
-    # (its process is gone), never those of a run still writing
+def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    # two runs on one out_dir would write the same files, the download's .part among them
+    paths = write_files(tmp_path, [ARTICLES])
+    out = tmp_path / "out"
+    argv = ["--input", *paths, "--out_dir", str(out), "--num_proc", "1"]
+    with configurator.lock_folder(str(out), "prepare.lock", "prepare_wikipedia.py"):  # the first run, still going
+        (out / "wikitext-103-raw-v1.zip.part").write_bytes(b"the first run's download")
+        (out / "train.bin.tmp").write_bytes(b"the first run's tokens")
+        assert exit_message(argv) == (f"error: {out} is in use by prepare_wikipedia.py (process {os.getpid()} on "
+                                      f"{socket.gethostname()}): wait for it to end, or use another folder")
+        assert outputs(out) == ["train.bin.tmp", "wikitext-103-raw-v1.zip.part"]  # untouched
+    pw.prepare_data(argv)  # once the first has ended
+    assert outputs(out) == ["meta.json", "train.bin", "val.bin", "wikitext-103-raw-v1.zip.part"]
+
+
+def test_the_temporary_files_of_a_killed_run_are_removed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    killed = int(ended.stdout)  # a process that has ended, as a killed run has
-    writing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a run that still writes
-    try:
-        stale = [f"{name}.{killed}.tmp" for name in pw.OUTPUTS]
-        kept = [f"train.bin.{writing.pid}.tmp", "wikitext-103-raw-v1.zip.part", "notes.tmp"]  # and a download, a file of the user's
-        for name in stale + kept:
-            (out / name).write_bytes(b"left over")
-        exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(out)])  # even a run that fails early
-        assert outputs(out) == sorted(kept)
-        printed = capsys.readouterr().out
-        assert all(f"removed {out / name}, left by an interrupted run" in printed for name in stale)
-        paths = write_files(tmp_path, [ARTICLES])
-        pw.prepare_data(["--input", *paths, "--out_dir", str(out), "--num_proc", "1"])
-        assert (out / kept[0]).read_bytes() == b"left over"  # the other run's file, untouched
-        assert outputs(out) == sorted(["meta.json", "train.bin", "val.bin", *kept])
-    finally:
-        writing.kill()
-        writing.wait()
+    for name in [*map(tmp, pw.OUTPUTS), "notes.tmp"]:  # a killed run's, and a file of the user's
+        (out / name).write_bytes(b"left over")
+    one, = write_files(tmp_path, [ARTICLES[:1]])
+    assert "need 2 or more" in exit_message(["--input", one, "--out_dir", str(out)])  # even a run that fails
+    assert outputs(out) == ["notes.tmp"]
 
 
 @pytest.mark.parametrize("crash", [RuntimeError, KeyboardInterrupt])
@@ -822,7 +834,7 @@ def test_a_run_stopped_by_a_signal_cleans_up(tmp_path, sig, whole_group, status,
                            start_new_session=True)  # its own process group and session: run.pid is both ids
     try:
         deadline = time.monotonic() + 60
-        while size(out / f"train.bin.{run.pid}.tmp") == 0:  # tokens on disk: it is writing
+        while size(out / "train.bin.tmp") == 0:  # tokens on disk: it is writing
             assert run.poll() is None and time.monotonic() < deadline, "the run ended or stalled before writing"
             time.sleep(0.01)
         if whole_group:
@@ -1035,6 +1047,16 @@ def test_a_busy_server_is_asked_again_when_its_retry_after_says(tmp_path, server
     assert failures == [f"127.0.0.1: attempt {i} of 3 failed: HTTP 503; retrying in 7 s" for i in (1, 2)]
 
 
+def test_a_part_longer_than_the_file_is_downloaded_again(tmp_path, server):
+    data = wikitext_zip(tmp_path)
+    server.files["/wt.zip"] = data
+    part = tmp_path / "wt.zip.part"
+    part.write_bytes(data + b"bytes of a longer file")
+    pw.download(pw.http_session(), url(server), str(part), len(data))
+    assert server.log == [("/wt.zip", None, pw.USER_AGENT)]  # the whole file, from the same URL
+    assert part.read_bytes() == data
+
+
 def test_server_ignoring_range_restarts(tmp_path, server):
     data = wikitext_zip(tmp_path)
     server.files["/wt.zip"], server.honor_range = data, False
@@ -1111,15 +1133,14 @@ def offline(monkeypatch):
     return lookups
 
 
-def test_an_unknown_host_is_not_retried_nor_its_mirror_tried(tmp_path, server, monkeypatch, capsys):
+def test_an_unknown_host_is_not_retried_and_its_mirror_is_tried(tmp_path, server, monkeypatch, capsys):
     lookups = offline(monkeypatch)
     server.files["/wt.zip"] = data = wikitext_zip(tmp_path)
-    urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # offline, a mirror fails as well
-    with pytest.raises(pw.UserError) as e:
-        pw.fetch(pw.Pinned(urls, len(data), sha256(data)), str(tmp_path / "wt.zip"), hint="do this")
-    assert str(e.value) == "cannot reach nonexistent.invalid: offline? do this"
-    assert lookups == ["nonexistent.invalid"] and server.log == []  # one attempt, and no other URL
-    assert "failed" not in capsys.readouterr().err
+    urls = ["http://nonexistent.invalid/wt.zip", url(server, "/wt.zip")]  # the first host's name is gone
+    path = pw.fetch(pw.Pinned(urls, len(data), sha256(data)), str(tmp_path / "wt.zip"), hint="do this")
+    assert lookups == ["nonexistent.invalid"] and server.log == [("/wt.zip", None, pw.USER_AGENT)]
+    assert pathlib.Path(path).read_bytes() == data
+    assert "failed" not in capsys.readouterr().err  # one attempt: no retry
 
 
 def test_offline_the_first_failure_says_how_to_go_on_in_one_line(tmp_path, monkeypatch):
@@ -1129,12 +1150,13 @@ def test_offline_the_first_failure_says_how_to_go_on_in_one_line(tmp_path, monke
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert pw.main([]) == 1
-    text_url = pw.WRITEUP_FILES["wikipedia.txt"].urls[0]
+    text_url, mirror = pw.WRITEUP_FILES["wikipedia.txt"].urls
     assert err.getvalue().splitlines() == [
         f"downloading {text_url} (178,723,194 bytes)",
-        f"error: cannot reach media.githubusercontent.com: offline? save {text_url} by hand and run "
+        f"downloading {mirror} (178,723,194 bytes)",
+        f"error: cannot reach media.githubusercontent.com, github.com: offline? save {text_url} by hand and run "
         "`python prepare_wikipedia.py --dataset=writeup --input wikipedia.txt`"]
-    assert lookups == ["media.githubusercontent.com"]  # asked once: no retry, no mirror
+    assert lookups == ["media.githubusercontent.com", "github.com"]  # each asked once: no retry
     assert outputs(tmp_path / "data" / "wikipedia") == []
 
 
@@ -1500,7 +1522,7 @@ def test_their_token_files_not_served_point_to_their_text_saved_by_hand(tmp_path
     text_url = pw.WRITEUP_FILES["wikipedia.txt"].urls[0]
     assert message.endswith(f"HINT: save {text_url} by hand and run `python prepare_wikipedia.py "
                             f"--dataset=writeup --input wikipedia.txt --out_dir {out}`")  # the same folder
-    assert out.is_dir() and os.listdir(out) == []  # the user's folder stays
+    assert out.is_dir() and outputs(out) == []  # the user's folder stays
 
 
 @pytest.mark.parametrize("pinned", [True, False])

@@ -362,7 +362,7 @@ def test_a_folder_in_use_is_refused_until_its_holder_dies(data_dir, tmp_path, ca
 def test_out_dir_that_cannot_be_created(data_dir, tmp_path, capsys):
     (tmp_path / "a_file").write_text("not a folder")
     assert train.main(argv_for(data_dir, tmp_path / "a_file" / "out")) == 1
-    assert last_error(capsys) == f"error: cannot create {tmp_path}/a_file/out: not a directory\n"
+    assert last_error(capsys) == f"error: cannot create {tmp_path}/a_file/out: not a directory; choose another folder\n"
 
 
 def test_a_failed_resume_leaves_nothing_behind(data_dir, tmp_path, capsys):
