@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import types
 
 EXPECTED = {bool: "True or False", int: "an integer", float: "a number", str: "text"}
 HELP_FLAGS = ("-h", "--help")
@@ -112,7 +113,9 @@ def usage(doc, config):
 
 
 def read_config_file(path):
-    """The values a config file defines (bool, int, float, str or None), except _names."""
+    """The values a config file defines (bool, int, float, str or None), except _names and the
+    modules, functions and classes it uses. A value of another type is refused: `max_iters = 10,`
+    (a trailing comma) makes a tuple, which no key takes."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found: give a path such as config/tiny_cpu.py")
     namespace = {}  # the file's own, never our globals
@@ -124,8 +127,15 @@ def read_config_file(path):
             line = e.lineno if isinstance(e, SyntaxError) else where.tb_lineno
             raise ConfigError(f"{path}, line {line}: {type(e).__name__}: "
                               f"{getattr(e, 'msg', e)} — fix the config file") from None
-    return {key: value for key, value in namespace.items() if not key.startswith("_")
-            and isinstance(value, (bool, int, float, str, type(None)))}
+    values = {}
+    for key, value in namespace.items():
+        if key.startswith("_") or isinstance(value, (type, types.ModuleType, types.FunctionType)):
+            continue
+        if not isinstance(value, (bool, int, float, str, type(None))):
+            raise ConfigError(f"{path}: {key} = {value!r} is a {type(value).__name__}, which no "
+                              "key takes (a trailing comma makes a tuple) — fix the config file")
+        values[key] = value
+    return values
 
 
 def normalize(argv):
@@ -141,8 +151,26 @@ def normalize(argv):
     return flags
 
 
+def take_words(argv, defaults):
+    """(the plain words of argv, such as the folders report.py reads, and the rest of argv). A
+    word after a bare `--key` is that flag's value, unless the key is a switch (its default a
+    bool) and the word is not True or False; a word ending in .py is a config file."""
+    words, rest, arg_before = [], [], ""
+    for arg in argv:
+        key = arg_before[2:]
+        takes_value = arg_before.startswith("--") and "=" not in arg_before and (
+            not isinstance(defaults.get(key), bool) or arg in ("True", "False"))
+        if arg.startswith("-") or arg.endswith(".py") or takes_value:
+            rest.append(arg)
+        else:
+            words.append(arg)
+        arg_before = "" if takes_value else arg
+    return words, rest
+
+
 def parse(argv):
-    """(the config files' values, {key: the flag's text, or None for a flag alone})."""
+    """(the config files' values, {key: the flag's text, or None for a flag alone}). A value from
+    a file comes with its file's path, for the errors that name it."""
     files, overrides = {}, {}
     for arg in normalize(argv):
         if arg in HELP_FLAGS:
@@ -150,8 +178,11 @@ def parse(argv):
         if arg.startswith("--"):
             key, equals, text = arg[2:].partition("=")
             overrides[key] = text if equals else None
+        elif arg.startswith("-") and not arg.endswith(".py"):
+            raise ConfigError(f"{arg} is not a flag: flags start with two dashes, as in "
+                              f"--{arg.lstrip('-')}")
         else:
-            files.update(read_config_file(arg))
+            files.update({key: (value, arg) for key, value in read_config_file(arg).items()})
     return files, overrides
 
 
@@ -170,7 +201,7 @@ def merge(defaults, files, overrides, script_keys=()):
     """The defaults updated with the files' values, then the flags', each checked against the
     type of its default. script_keys are the caller's own, and skipped."""
     config, problems = dict(defaults), []
-    given = [(key, value, f"{key}={value!r} in the config file") for key, value in files.items()]
+    given = [(key, value, f"{key} = {value!r} in {path}") for key, (value, path) in files.items()]
     for key, text in overrides.items():
         flag = f"--{key}" if text is None else f"--{key}={text}"
         given.append((key, read_flag(text, defaults.get(key)), flag))
@@ -193,3 +224,8 @@ def merge(defaults, files, overrides, script_keys=()):
     if problems:
         raise ConfigError("; ".join(problems))
     return config
+
+
+def settings(argv, defaults, script_keys=()):
+    """The config of a script with keys of its own only: its defaults, changed by argv."""
+    return merge(defaults, *parse(argv), script_keys)

@@ -222,7 +222,9 @@ class GPT(nn.Module):
             # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
+            # in float32: under bf16 autocast the logits are bf16, too coarse to divide and
+            # rank the probabilities of 50,257 tokens
+            logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")

@@ -290,7 +290,8 @@ class GPT(nn.Module):
         return n_params - self.transformer.wpe.weight.numel()
 
     def forward(self, idx, targets=None):
-        """Returns (logits, loss, aux); aux = {'embedding_loss': unscaled} in training."""
+        """Returns (logits, loss, aux); in training aux = {'cross_entropy': the loss before the
+        embedding loss, 'embedding_loss': unscaled}, for the log."""
         cfg = self.config
         tr = self.transformer
         B, T = idx.size()
@@ -323,6 +324,7 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         aux = {}
         if self.training and cfg.embedding_loss_type != "none":
+            aux["cross_entropy"] = loss.detach()  # taken here, where the logits already are
             aux["embedding_loss"] = self.embedding_loss(E, encoder_out)
             loss = loss + cfg.embedding_loss_coeff * aux["embedding_loss"]
         return logits, loss, aux
@@ -387,7 +389,9 @@ class GPT(nn.Module):
             # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
+            # in float32: under bf16 autocast the logits are bf16, too coarse to divide and
+            # rank the probabilities of 50,257 tokens
+            logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")

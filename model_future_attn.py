@@ -504,8 +504,9 @@ class GPT(nn.Module):
         return n_params - self.transformer.wpe.weight.numel()
 
     def forward(self, idx, targets=None):
-        """Returns (logits, loss, aux); in training aux = {'future_attn_loss': the unscaled mean
-        over layers, 'future_attn_loss_per_layer': each future-attention layer's, for logging}."""
+        """Returns (logits, loss, aux); in training aux = {'cross_entropy': the loss before the
+        auxiliary one, 'future_attn_loss': the unscaled mean over layers,
+        'future_attn_loss_per_layer': each future-attention layer's}, for the log."""
         B, T = idx.size()
         C = self.config.block_size
         if T > C:
@@ -529,6 +530,7 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         aux = {}
         if with_target:
+            aux["cross_entropy"] = loss.detach()  # taken here, where the logits already are
             per_layer = torch.stack(layer_losses)  # (future-attention layers,)
             aux["future_attn_loss"] = per_layer.mean()  # mean over layers: the loss trained on
             # the write-up's conclusion reads the mean as L objectives, none converging: each
@@ -582,7 +584,9 @@ class GPT(nn.Module):
             # would recompile
             idx_cond = idx[:, -self.config.block_size:].clone(memory_format=torch.contiguous_format)
             logits, _, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
+            # in float32: under bf16 autocast the logits are bf16, too coarse to divide and
+            # rank the probabilities of 50,257 tokens
+            logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")

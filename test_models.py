@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import model_baseline as base
@@ -686,6 +687,32 @@ def test_generate_crops_to_block_size(module, prompt_len):
         assert torch.equal(out[:, prompt_len + n], logits[:, -1].argmax(-1))
 
 
+class VocabularyOps(TorchDispatchMode):
+    """Records the dtype that each op over a (B, vocab) tensor gets: the sampling's own ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.size(-1) == VOCAB:
+            self.dtypes.setdefault(func.overloadpacket.__name__, set()).add(first.dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
+def test_generate_samples_in_float32_under_bf16(module):
+    # bf16 keeps 8 bits of a logit: the temperature, top-k and the softmax are taken in float32
+    model = tiny(module).eval()
+    prompt = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(13))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), VocabularyOps() as ops:
+        model.generate(prompt, max_new_tokens=2, temperature=0.8, top_k=5)
+    sampling = {name: ops.dtypes.get(name)
+                for name in ("div", "topk", "lt", "_softmax", "multinomial")}
+    assert all(dtypes == {torch.float32} for dtypes in sampling.values()), sampling
+
+
 @pytest.mark.parametrize("module", [base, fa, ed], ids=["baseline", "future_attn", "encdec"])
 def test_eval_is_deterministic_with_dropout(module):
     model = tiny(module, dropout=0.5)
@@ -696,16 +723,20 @@ def test_eval_is_deterministic_with_dropout(module):
     assert not torch.allclose(model(idx, idx)[0], model(idx, idx)[0])  # dropout is on
 
 
-@pytest.mark.parametrize("module,keys", [(base, []),
-                                         (fa, ["future_attn_loss", "future_attn_loss_per_layer"]),
-                                         (ed, ["embedding_loss"])],
+@pytest.mark.parametrize("module,keys", [
+    (base, []),
+    (fa, ["cross_entropy", "future_attn_loss", "future_attn_loss_per_layer"]),
+    (ed, ["cross_entropy", "embedding_loss"])],
                          ids=["baseline", "future_attn", "encdec"])
 def test_aux_loss_only_in_training(module, keys):
     model = tiny(module)
     idx = torch.randint(0, VOCAB, (2, C))
     model.train()
-    _, _, aux = model(idx, targets=idx)
+    logits, _, aux = model(idx, targets=idx)
     assert list(aux) == keys
+    if "cross_entropy" in aux:  # the plain cross-entropy, beside the auxiliary loss, for the log
+        cross_entropy = F.cross_entropy(logits.flatten(0, 1), idx.flatten())
+        torch.testing.assert_close(aux["cross_entropy"], cross_entropy)
     assert all(torch.isfinite(v).all() for v in aux.values())
     assert all(aux[k].dim() == 0 for k in keys if not k.endswith("_per_layer"))
     assert model(idx)[2] == {}  # no targets, no auxiliary loss

@@ -7,6 +7,8 @@ config file and --key=value flags.
     python train.py config/future50_mse.py                     # one GPU: compile + bf16
     python train.py config/future50_mse.py --init_from=resume  # go on from out_dir/ckpt.pt
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=<first node> \
+        --master_port=29500 train.py config/future50_mse.py   # and --node_rank=1 on the other
 
 Ctrl-C stops after the step under way, with its state saved.
 """
@@ -23,12 +25,11 @@ import signal
 import sys
 import time
 import zipfile
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
@@ -98,7 +99,7 @@ def get_config(argv, script_keys=()):
     the calling script's own."""
     files, overrides = configurator.parse(argv)
     # the model decides the keys, so model_type comes first: its flag, its file, or the default
-    model_type = overrides.get("model_type") or files.get("model_type", DEFAULTS["model_type"])
+    model_type = overrides.get("model_type") or files.get("model_type", [DEFAULTS["model_type"]])[0]
     if model_type not in MODELS:
         raise ConfigError(f"model_type must be one of {', '.join(MODELS)}, got {model_type!r}")
     defaults = dict(DEFAULTS, model_type=model_type)
@@ -130,7 +131,10 @@ def get_config(argv, script_keys=()):
 
 def check_device(device):
     """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon), and be there."""
-    kind, _, index = device.partition(":")
+    kind, colon, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or colon and (kind != "cuda" or not index.isdigit()):
+        raise ConfigError(f"device={device!r} is not a device name: the names are cpu, cuda, "
+                          "cuda:N (the GPU numbered N) and mps")
     there = dict(cpu=not index, mps=not index and torch.backends.mps.is_available(),
                  cuda=(index or "0").isdigit() and int(index or 0) < torch.cuda.device_count())
     if not there.get(kind):
@@ -164,11 +168,13 @@ def build_model(model_type, model_args):
 
 
 def autocast_for(dtype, device_type):
-    """(dtype, its autocast context). 'auto' is bf16 on CUDA (else fp16) and fp32 elsewhere."""
+    """(dtype, its autocast context). 'auto' is bf16 on a CUDA GPU that computes it natively
+    (Ampere and later), fp16 and the gradient scaler on an older one, and fp32 elsewhere."""
     if dtype == "auto":
         dtype = "float32"
-        if device_type == "cuda":
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        if device_type == "cuda":  # an emulated bf16 would be slower than fp16
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+            dtype = "bfloat16" if native else "float16"
     if dtype == "float32":
         return dtype, nullcontext()
     return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))
@@ -207,12 +213,31 @@ def check_data(data_dir, block_size, vocab_size):
         recorded = meta.get(split, {})
         if recorded.get("sha256", sha256) != sha256:
             raise UserError(f"{path} does not match the sha256 in {meta_path}: prepare it again")
+        if not meta:  # made elsewhere: a look at its first words
+            check_uint16_ids(path)
         max_token_id = recorded.get("max_token_id")
         if max_token_id is None:  # not recorded: read the tokens once
             max_token_id = int(np.memmap(path, dtype=np.uint16, mode="r").max())
         if max_token_id >= vocab_size:
             raise UserError(f"{path} holds token id {max_token_id}: set --vocab_size to more")
     return identity
+
+
+def check_uint16_ids(path):
+    """Refuses a token file of text, or of ids of 32 or 64 bits: below 65,536 their upper uint16
+    words are 0, and the model would train on a token and a 0 in turn."""
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    words = np.frombuffer(head, dtype=np.uint16)
+    if min(head.translate(None, delete=b"\t\n\r"), default=32) >= 32:  # no control character
+        found = "text"
+    elif words[0::2].any() and not words[1::2].any():
+        found = "int32 or int64 ids (every other uint16 word is 0)"
+    else:
+        return
+    raise UserError(f"{path} holds {found}, not uint16 token ids: tokenize it with "
+                    "prepare_wikipedia.py --input, or write the ids with "
+                    "np.array(ids, dtype=np.uint16).tofile(path)")
 
 
 def data_stamps(data_dir):
@@ -285,8 +310,10 @@ def forward_backward(model, batches, accum_steps, autocast, scaler, ddp=False):
         with model.no_sync() if ddp and not last else nullcontext():
             with autocast:
                 logits, loss, aux = model(X, Y)
-            with torch.no_grad():  # the cross-entropy alone, as the evaluations measure it
-                cross_entropy = F.cross_entropy(logits.flatten(0, 1).float(), Y.flatten())
+            # The cross-entropy alone, as the evaluations measure it: a model with an auxiliary
+            # loss returns it in aux, computed in its own graph from its own logits, so that no
+            # float32 copy of the (B, T, vocab) logits is made here.
+            cross_entropy = aux.pop("cross_entropy", loss)
             del logits  # freed here, so that the next forward pass does not keep it alive
             if not last:
                 X, Y = next(batches)  # the next batch is copied while the GPU computes
@@ -343,10 +370,14 @@ class RunState:
         return not self.diverging and (evaluated or self.last_good_iter != self.iter_num)
 
 
+WRITING = set()  # the temporary file being written, which a stop at once removes
+
+
 def write_atomically(path, write, size=0):
     """write(f) to path.tmp, renamed to path: a failure leaves the previous file whole. size, what
     write() writes, tells a full disk behind torch.save's error."""
     try:
+        WRITING.add(path + ".tmp")
         with open(path + ".tmp", "wb") as f:
             write(f)
             f.flush()
@@ -361,6 +392,8 @@ def write_atomically(path, write, size=0):
             raise UserError(f"cannot write {path}: {cause.lower()} ({free / 1e6:,.1f} MB free); "
                             "make space, or write elsewhere") from None
         raise
+    finally:
+        WRITING.discard(path + ".tmp")
 
 
 def save_checkpoint(path, checkpoint, config):
@@ -410,9 +443,11 @@ def model_from_checkpoint(checkpoint):
 
 
 def resume(config, data):
-    """out_dir/ckpt.pt, checked against the config and the data, and the run's state it holds."""
+    """The run's state that out_dir/ckpt.pt holds, checked against the config and the data. The
+    settings that differ from the checkpoint's are named, so that a mistyped flag shows."""
     out_dir = config["out_dir"]
-    checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), TRAINING_KEYS)
+    # mmap: the tensors stay on the disk, as only the plain values are read here
+    checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt.pt"), TRAINING_KEYS, mmap=True)
     recorded = saved_model_args(checkpoint["model_type"], checkpoint["model_args"])
     differ = [f"{key} {recorded.get(key)!r}" for key, value in model_args_of(config).items()
               if recorded.get(key) != value]
@@ -428,7 +463,13 @@ def resume(config, data):
     fields = [field.name for field in dataclasses.fields(RunState)]
     state = RunState(**{name: checkpoint[name] for name in fields if name in checkpoint})
     state.last_good_iter, state.data = state.iter_num, data
-    return checkpoint, state
+    print(f"resumed from iteration {state.iter_num} of {config['max_iters']}")
+    saved = checkpoint["config"]
+    changed = [f"{key} {saved[key]!r} -> {value!r}" for key, value in config.items()
+               if key in saved and saved[key] != value and key not in ("init_from", "overwrite")]
+    if changed:
+        print(f"settings other than the checkpoint's: {', '.join(changed)}")
+    return state
 
 
 def rng_states(batch_generator, world_size):
@@ -502,6 +543,9 @@ def claim_out_dir(config):
     log.jsonl alone, of a launch that saved nothing, it adds its records."""
     out_dir = config["out_dir"]
     lock = configurator.lock_folder(out_dir, "train.lock", "train.py")
+    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a process killed while it wrote
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
     existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
                 if os.path.exists(os.path.join(out_dir, name))]
     if config["init_from"] == "scratch" and existing and config["overwrite"]:
@@ -518,8 +562,9 @@ def claim_out_dir(config):
 class StopSignals:
     """The first stop signal (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1, or the SIGPIPE of a closed
     stdout, as after `train.py | head`) sets .signum, which the loop reads after each step to
-    save and stop. A second ends the process at once (under torchrun, the same one within 5 s
-    is torchrun passing the first on); the atomic writes leave every file whole."""
+    save and stop. The same signal again within a second is the same request (a double Ctrl-C,
+    or under torchrun, within 5 s, torchrun passing the first on). A later second signal ends
+    the process at once, and the file being written is removed: the previous one stays whole."""
 
     def __init__(self, speak, passed_on):
         self.signum, self.speak, self.passed_on = None, speak, passed_on
@@ -532,12 +577,15 @@ class StopSignals:
     def request(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signum is None:
-            self.signum, self.until = signum, time.monotonic() + 5
+            self.signum, self.until = signum, time.monotonic() + (5 if self.passed_on else 1)
             if self.speak:
                 say(f"{name}: stopping after the step under way, with its state saved; a second "
                     "signal stops at once")
         elif signum != signal.SIGPIPE and not (
-                self.passed_on and signum == self.signum and time.monotonic() < self.until):
+                signum == self.signum and time.monotonic() < self.until):
+            for path in WRITING:
+                with suppress(FileNotFoundError):
+                    os.remove(path)
             say(f"stopped at once by a second {name}")
             configurator.exit_now(128 + signum)
 
@@ -580,57 +628,99 @@ def diverged(what, config, last_good_iter):
     return UserError(f"{what}: stopped, and nothing non-finite was saved; {go_on} {flags}")
 
 
+def check_step(iteration, numbers, aux, config, last_good_iter):
+    """Stops the run before a non-finite loss or gradient changes the weights (under fp16, the
+    gradient scaler skips such a step)."""
+    checked = [("loss", numbers["loss"]), *leaves(aux)]
+    if config["dtype"] != "float16":
+        checked.append(("gradient norm", numbers["grad_norm"]))
+    if bad := [name for name, value in checked if not math.isfinite(value)]:
+        values = ", ".join(f"{name} {value}" for name, value in checked)
+        raise diverged(f"iteration {iteration}: non-finite {', '.join(bad)} ({values})", config,
+                       last_good_iter)
+
+
+def judge_evaluation(state, losses, config, log_path, wandb):
+    """Logs an evaluation, stops the run at non-finite losses, and updates the best val loss and
+    whether the run diverges. Returns whether val improved."""
+    val_loss = losses["val_loss"]
+    improved = math.isfinite(losses["train_loss"]) and val_loss < state.best_val_loss
+    log(log_path, dict(type="eval", iter=state.iter_num, **losses, best=improved,
+                       best_val_loss=val_loss if improved else state.best_val_loss), wandb)
+    if not all(map(math.isfinite, losses.values())):
+        raise diverged(f"non-finite losses at the evaluation of iteration {state.iter_num}",
+                       config, state.last_good_iter)
+    # a nat above the best: the run blew up, and ckpt.pt keeps the last good state
+    state.diverging = state.last_good_iter is not None and val_loss > state.best_val_loss + 1
+    if state.diverging:
+        say(f"warning: val loss {val_loss:.4f} is far above the best: {config['out_dir']}/ckpt.pt "
+            f"keeps iteration {state.last_good_iter}")
+    state.best_val_loss = min(state.best_val_loss, val_loss)
+    return improved
+
+
 # ----------------------------------------
 # the run
 
 
-def train(config):
-    """Trains as the config says, in each process under torchrun. Returns the model, iter_num and
-    best_val_loss, or raises Stopped after a stop signal."""
-    master = int(os.environ.get("RANK", 0)) == 0  # rank 0 checks, logs and saves
-    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # under torchrun
-    device = config["device"]
-    if ddp:
-        if device.startswith("cuda"):
-            device = f"cuda:{os.environ['LOCAL_RANK']}"
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=config["backend"] if "cuda" in device else "gloo")
-    dtype = autocast_for(config["dtype"], torch.device(device).type)[0]
-    config = dict(config, device=device, dtype=dtype)  # logged and saved as resolved
-    with ExitStack() as cleanup:  # what the run holds, let go however it ends
-        if ddp:
-            cleanup.callback(dist.destroy_process_group)
-        if config["eval_only"]:
-            return evaluate_only(config) if master else None
-        signals = cleanup.enter_context(StopSignals(speak=master, passed_on=ddp))
-        state, checkpoint, stamps = RunState(), None, None
-        with rank0_decides(ddp):
-            if master:
-                stamps = data_stamps(config["data_dir"])  # before the slow hashing
-                state.data = check_data(config["data_dir"], config["block_size"],
-                                        config["vocab_size"])
-                if config["init_from"] == "resume":
-                    checkpoint, state = resume(config, state.data)
-                cleanup.enter_context(claim_out_dir(config))  # locked until the run ends
-                if checkpoint:
-                    print(f"resumed from iteration {state.iter_num} of {config['max_iters']}")
-        if ddp:  # every process starts where rank 0 does, from the same ckpt.pt
-            shared = [state]
-            dist.broadcast_object_list(shared, src=0)
-            state = shared[0]
-            if checkpoint is None and config["init_from"] == "resume":
-                checkpoint = load_checkpoint(f"{config['out_dir']}/ckpt.pt", TRAINING_KEYS)
-        try:
-            return run(config, signals, state, checkpoint, stamps)
-        except RuntimeError as e:  # an OutOfMemoryError on a GPU, a plain one on a CPU
-            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
-                raise
-            raise UserError(f"out of memory: {config['batch_size']} sequences of "
-                            f"{config['block_size']} tokens do not fit on {device}; lower "
-                            "--batch_size or --block_size") from None
+def evaluate_only(config):
+    """--eval_only: the saved model's losses, logged apart from the run's."""
+    check_data(config["data_dir"], config["block_size"], config["vocab_size"])
+    checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"), TRAINING_KEYS)
+    model = model_from_checkpoint(checkpoint).to(config["device"])
+    autocast = autocast_for(config["dtype"], torch.device(config["device"]).type)[1]
+    with claim_out_dir(config):  # no run adds to the log meanwhile
+        losses = estimate_loss(model, config, config["device"], autocast)
+        log(os.path.join(config["out_dir"], "log.jsonl"), dict(
+            type="eval_only", iter=checkpoint["iter_num"], **losses, data_dir=config["data_dir"]))
+    return dict(model=model, iter_num=checkpoint["iter_num"], best_val_loss=None)
 
 
-def run(config, signals, state, checkpoint, stamps):
+def build(config, rank, checkpoint, batch_generator):
+    """The model, AdamW and the fp16 gradient scaler, with this rank's random states, as a
+    resumed run's checkpoint saved them."""
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
+    torch.backends.cudnn.allow_tf32 = True
+    device_type = torch.device(config["device"]).type
+    model = build_model(config["model_type"], model_args_of(config)).to(config["device"])
+    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                           (config["beta1"], config["beta2"]), device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint["scaler"]:  # empty when saved without fp16
+            scaler.load_state_dict(checkpoint["scaler"])
+        if rank < len(checkpoint["rng"]):  # a rank added since then keeps its seed
+            rng = checkpoint["rng"][rank]
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] is not None and torch.cuda.is_initialized():
+                torch.cuda.set_rng_state(rng["cuda"])
+            batch_generator.set_state(rng["batches"])
+    return model, optimizer, scaler
+
+
+def start_log(path, config, model, state, world_size):
+    """The first record of a launch, on a line of its own; returns wandb if asked for."""
+    wandb = None
+    if config["wandb_log"]:  # first: it may fail, and nothing is logged yet
+        import wandb
+
+        wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
+    if os.path.isfile(path) and os.path.getsize(path):  # after a launch killed mid-record
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+    tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
+    log(path, dict(type="start", model_type=config["model_type"], world_size=world_size,
+                   num_params=model.get_num_params(), tokens_per_iter=tokens,
+                   iter_num=state.iter_num, init_from=config["init_from"], config=config,
+                   model_args=model_args_of(config), data=state.data), wandb)
+    return wandb
+
+
+def run(config, signals, state, stamps):
     """The model, the optimizer and the loop, in one process."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     master, ddp, device = rank == 0, world_size > 1, config["device"]
@@ -639,6 +729,14 @@ def run(config, signals, state, checkpoint, stamps):
                                       for name in ("ckpt.pt", "best.pt", "log.jsonl"))
     torch.manual_seed(config["seed"] + rank)  # each rank its own dropout and batches
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
+    # A resumed run's weights, AdamW's state and the random states: rank 0 reads them and sends
+    # them to the others, so that out_dir may be on the first node's disk alone.
+    checkpoint = None
+    if config["init_from"] == "resume":
+        shared = [load_checkpoint(ckpt_path, TRAINING_KEYS) if master else None]
+        if ddp:
+            dist.broadcast_object_list(shared, src=0)
+        checkpoint = shared[0]
     raw_model, optimizer, scaler = build(config, rank, checkpoint, batch_generator)
     del checkpoint  # its weights are in the model now, not to be held twice
     model = torch.compile(raw_model) if config["compile"] else raw_model
@@ -653,6 +751,7 @@ def run(config, signals, state, checkpoint, stamps):
     accum_steps = config["gradient_accumulation_steps"] // world_size  # per process
     wandb = start_log(log_path, config, raw_model, state, world_size) if master else None
     gpu_peak_flops = peak_flops(device)
+    start_iter = state.iter_num
 
     def checkpoint_now(rng):  # (best.pt's, ckpt.pt's) of the state now
         best = dict(format=FORMAT, model_type=config["model_type"], config=config,
@@ -715,97 +814,63 @@ def run(config, signals, state, checkpoint, stamps):
             tokens_per_s = sequences * world_size * config["block_size"] / dt
             log(log_path, dict(type="train", iter=state.iter_num, **numbers, aux=aux, lr=lr,
                                ms_per_iter=dt * 1000, tokens_per_s=tokens_per_s, mfu=mfu), wandb)
+    if master and start_iter >= config["max_iters"]:
+        print(f"nothing to train: {ckpt_path} is at iteration {start_iter}, max_iters; to train "
+              "on, resume with a larger --max_iters")
+    elif master:
+        print(f"trained to iteration {state.iter_num}: best val loss {state.best_val_loss:.4f}, "
+              f"its model in {best_path}")
     if wandb:
         wandb.finish()
     return dict(model=raw_model, iter_num=state.iter_num, best_val_loss=state.best_val_loss)
 
 
-def build(config, rank, checkpoint, batch_generator):
-    """The model, AdamW and the fp16 gradient scaler, with this rank's random states, as a
-    resumed run's checkpoint saved them."""
-    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
-    torch.backends.cudnn.allow_tf32 = True
-    device_type = torch.device(config["device"]).type
-    model = build_model(config["model_type"], model_args_of(config)).to(config["device"])
-    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                           (config["beta1"], config["beta2"]), device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=config["dtype"] == "float16")
-    if checkpoint:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if checkpoint["scaler"]:  # empty when saved without fp16
-            scaler.load_state_dict(checkpoint["scaler"])
-        if rank < len(checkpoint["rng"]):  # a rank added since then keeps its seed
-            rng = checkpoint["rng"][rank]
-            torch.set_rng_state(rng["torch"])
-            if rng["cuda"] is not None and torch.cuda.is_initialized():
-                torch.cuda.set_rng_state(rng["cuda"])
-            batch_generator.set_state(rng["batches"])
-    return model, optimizer, scaler
-
-
-def start_log(path, config, model, state, world_size):
-    """The first record of a launch, on a line of its own; returns wandb if asked for."""
-    wandb = None
-    if config["wandb_log"]:  # first: it may fail, and nothing is logged yet
-        import wandb
-
-        wandb.init(project=config["wandb_project"], name=config["wandb_run_name"], config=config)
-    if os.path.isfile(path) and os.path.getsize(path):  # after a launch killed mid-record
-        with open(path, "rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-    tokens = config["gradient_accumulation_steps"] * config["batch_size"] * config["block_size"]
-    log(path, dict(type="start", model_type=config["model_type"], world_size=world_size,
-                   num_params=model.get_num_params(), tokens_per_iter=tokens,
-                   iter_num=state.iter_num, init_from=config["init_from"], config=config,
-                   model_args=model_args_of(config), data=state.data), wandb)
-    return wandb
-
-
-def check_step(iteration, numbers, aux, config, last_good_iter):
-    """Stops the run before a non-finite loss or gradient changes the weights (under fp16, the
-    gradient scaler skips such a step)."""
-    checked = [("loss", numbers["loss"]), *leaves(aux)]
-    if config["dtype"] != "float16":
-        checked.append(("gradient norm", numbers["grad_norm"]))
-    if bad := [name for name, value in checked if not math.isfinite(value)]:
-        values = ", ".join(f"{name} {value}" for name, value in checked)
-        raise diverged(f"iteration {iteration}: non-finite {', '.join(bad)} ({values})", config,
-                       last_good_iter)
-
-
-def judge_evaluation(state, losses, config, log_path, wandb):
-    """Logs an evaluation, stops the run at non-finite losses, and updates the best val loss and
-    whether the run diverges. Returns whether val improved."""
-    val_loss = losses["val_loss"]
-    improved = math.isfinite(losses["train_loss"]) and val_loss < state.best_val_loss
-    log(log_path, dict(type="eval", iter=state.iter_num, **losses, best=improved,
-                       best_val_loss=val_loss if improved else state.best_val_loss), wandb)
-    if not all(map(math.isfinite, losses.values())):
-        raise diverged(f"non-finite losses at the evaluation of iteration {state.iter_num}",
-                       config, state.last_good_iter)
-    # a nat above the best: the run blew up, and ckpt.pt keeps the last good state
-    state.diverging = state.last_good_iter is not None and val_loss > state.best_val_loss + 1
-    if state.diverging:
-        say(f"warning: val loss {val_loss:.4f} is far above the best: {config['out_dir']}/ckpt.pt "
-            f"keeps iteration {state.last_good_iter}")
-    state.best_val_loss = min(state.best_val_loss, val_loss)
-    return improved
-
-
-def evaluate_only(config):
-    """--eval_only: the saved model's losses, logged apart from the run's."""
-    check_data(config["data_dir"], config["block_size"], config["vocab_size"])
-    checkpoint = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"), TRAINING_KEYS)
-    model = model_from_checkpoint(checkpoint).to(config["device"])
-    autocast = autocast_for(config["dtype"], torch.device(config["device"]).type)[1]
-    with claim_out_dir(config):  # no run adds to the log meanwhile
-        losses = estimate_loss(model, config, config["device"], autocast)
-        log(os.path.join(config["out_dir"], "log.jsonl"), dict(
-            type="eval_only", iter=checkpoint["iter_num"], **losses, data_dir=config["data_dir"]))
-    return dict(model=model, iter_num=checkpoint["iter_num"], best_val_loss=None)
+def train(config):
+    """Trains as the config says, in each process under torchrun. Returns the model, iter_num and
+    best_val_loss, or raises Stopped after a stop signal."""
+    master = int(os.environ.get("RANK", 0)) == 0  # rank 0 checks, logs and saves
+    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # under torchrun
+    device = config["device"]
+    if ddp and device.startswith("cuda"):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"  # each process of a node its own GPU
+    if device.startswith("cuda"):
+        # the current device, which the CUDA random states that a checkpoint saves and the pinned
+        # copies of the batches belong to: without it, they are cuda:0's
+        torch.cuda.set_device(device)
+    if ddp:
+        dist.init_process_group(backend=config["backend"] if "cuda" in device else "gloo")
+    dtype = autocast_for(config["dtype"], torch.device(device).type)[0]
+    config = dict(config, device=device, dtype=dtype)  # logged and saved as resolved
+    with ExitStack() as cleanup:  # what the run holds, let go however it ends
+        if ddp:
+            cleanup.callback(dist.destroy_process_group)
+        if config["eval_only"]:
+            return evaluate_only(config) if master else None
+        signals = cleanup.enter_context(StopSignals(speak=master, passed_on=ddp))
+        state, stamps = RunState(), None
+        with rank0_decides(ddp):
+            if master:
+                stamps = data_stamps(config["data_dir"])  # before the slow hashing
+                state.data = check_data(config["data_dir"], config["block_size"],
+                                        config["vocab_size"])
+                if config["init_from"] == "resume":
+                    state = resume(config, state.data)
+                cleanup.enter_context(claim_out_dir(config))  # locked until the run ends
+                if config["max_iters"] < config["warmup_iters"] and config["decay_lr"]:
+                    print(f"note: max_iters {config['max_iters']} is below warmup_iters "
+                          f"{config['warmup_iters']}: the learning rate never reaches its peak")
+        if ddp:  # every process starts where rank 0 does, from the same ckpt.pt
+            shared = [state]
+            dist.broadcast_object_list(shared, src=0)
+            state = shared[0]
+        try:
+            return run(config, signals, state, stamps)
+        except RuntimeError as e:  # an OutOfMemoryError on a GPU, a plain one on a CPU
+            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
+                raise
+            raise UserError(f"out of memory: {config['batch_size']} sequences of "
+                            f"{config['block_size']} tokens do not fit on {device}; lower "
+                            "--batch_size or --block_size") from None
 
 
 @configurator.script

@@ -27,6 +27,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 DATA_VOCAB = 256  # the data_dir fixture's tokens are below this
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `cuda` needs a CUDA GPU: skipped without one. `python -m pytest -m cuda`
+    selects them all, on a GPU machine."""
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("cuda"):
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (python -m pytest -m cuda)"))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread: a second one only waits at every op, the more

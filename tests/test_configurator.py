@@ -116,3 +116,41 @@ def test_an_error_in_a_config_file_names_its_file_and_line(text, line, what, tmp
     path.write_text(text)
     assert train.main([str(path)]) == 2
     assert last_line(capsys) == f"error: {path}, line {line}: {what} — fix the config file"
+
+
+@pytest.mark.parametrize("text, kind", [("max_iters = 10,\n", "tuple"), ("max_iters = [10]\n", "list"),
+                                        ("max_iters = {'a': 1}\n", "dict")])
+def test_a_value_of_another_kind_in_a_config_file_is_refused(text, kind, tmp_path, capsys):
+    path = tmp_path / "my_config.py"
+    path.write_text(text)
+    assert train.main(["config/tiny_cpu.py", str(path), "--max_iters=3"]) == 2
+    line = last_line(capsys)
+    assert line.startswith(f"error: {path}: max_iters = ") and f"is a {kind}" in line
+
+
+def test_a_wrong_type_in_a_config_file_names_that_file(tmp_path):
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("max_iters = 5\n")
+    second.write_text("batch_size = '4'\n")
+    with pytest.raises(ConfigError) as e:
+        train.get_config([str(first), str(second)])
+    assert str(e.value) == f"batch_size = '4' in {second}: expected an integer (now 50)"
+
+
+def test_one_dash_is_not_a_flag(capsys):
+    assert train.main(["config/tiny_cpu.py", "-max_iters=10"]) == 2
+    assert last_line(capsys) == ("error: -max_iters=10 is not a flag: flags start with two dashes, as in "
+                                 "--max_iters=10")
+
+
+@pytest.mark.parametrize("argv, words, rest", [
+    (["out-a", "--plot", "out-b"], ["out-a", "out-b"], ["--plot"]),  # a switch takes no folder
+    (["--plot", "False", "out-a"], ["out-a"], ["--plot", "False"]),
+    (["--out", "x.png", "out-a", "c.py"], ["out-a"], ["--out", "x.png", "c.py"]),
+    (["--out=x.png", "out-a"], ["out-a"], ["--out=x.png"]),
+])
+def test_plain_words_are_taken_apart_from_the_flags(argv, words, rest):
+    defaults = dict(plot=False, out="")
+    assert configurator.take_words(argv, defaults) == (words, rest)
+    config = configurator.settings(rest[:-1] if rest[-1:] == ["c.py"] else rest, defaults)
+    assert set(config) == {"plot", "out"}

@@ -92,3 +92,27 @@ def test_data_is_checked_before_training(tmp_path, capsys):
     write_data(data, good, good[::-1], meta=meta_of(data))
     os.remove(data / "meta.json")  # data made elsewhere: what can be checked without it is
     assert train.main(argv) == 0
+
+
+@pytest.mark.parametrize("written_as", ["int32", "int64", "text"])
+def test_token_files_that_are_not_uint16_ids_are_refused(written_as, tmp_path, capsys):
+    # np.save-style ids of 32 or 64 bits, below 65,536, read as uint16 would be a token and a 0 in
+    # turn; text would be pairs of characters: neither trains without a word unless refused
+    ids = np.random.default_rng(0).integers(1, DATA_VOCAB, 5000)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        path = data / f"{split}.bin"
+        if written_as == "text":
+            path.write_text("The history of the region begins in the Bronze Age. " * 100)
+        else:
+            ids.astype(written_as).tofile(path)
+    assert train.main(argv_for(str(data), tmp_path / "out", max_iters=1)) == 1
+    found = "text" if written_as == "text" else "int32 or int64 ids (every other uint16 word is 0)"
+    assert last_error(capsys) == (f"error: {data}/train.bin holds {found}, not uint16 token ids: tokenize it with "
+                                  "prepare_wikipedia.py --input, or write the ids with "
+                                  "np.array(ids, dtype=np.uint16).tofile(path)\n")
+    assert not (tmp_path / "out").exists()
+    # the same ids as uint16 train
+    write_data(data, ids, ids)
+    assert train.main(argv_for(str(data), tmp_path / "out", max_iters=1)) == 0

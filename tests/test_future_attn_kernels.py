@@ -446,10 +446,30 @@ def test_training_compiles_as_many_graphs_as_the_baseline(monkeypatch):
     assert training_graphs(mf) == training_graphs(mb) == 2
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_flex_traces_into_one_graph_on_a_cpu(training):
+    # Off a GPU, choose() takes the blocked version, so the tests above compile that one; here
+    # flex is forced, so that a graph break or a tracing error in its path fails without a GPU.
+    # Forward only: FlexAttention has no backward on a CPU.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    model = one_layer(mf).set_impl("flex").train(training)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    idx = torch.randint(50, (2, SIZES["block_size"]), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, loss, aux = compiled(idx, idx)
+        expected = model.set_impl("readable")(idx, idx)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(logits, expected[0], **TOL)
+    for name, value in aux.items():
+        torch.testing.assert_close(value, expected[2][name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
 # --------------------------------------------------------------------------------------
 # FlexAttention on a GPU (skipped without one; CI has none, run them on a GPU machine)
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.cuda  # skipped without CUDA (conftest.py); `python -m pytest -m cuda` runs them
 CUDA_TOL = dict(rtol=1e-3, atol=1e-4)  # Triton's float32 kernels sum in their own order
 
 

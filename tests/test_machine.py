@@ -7,6 +7,7 @@ memory, and bench.py waiting for the GPU around each timed step.
 """
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -40,9 +41,13 @@ def test_mps_is_refused_where_there_is_none(data_dir, tmp_path, capsys):
         study.plan_runs(["config/tiny_cpu.py"], [1], str(tmp_path), ["--device=mps"])
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:99"])
-def test_an_unknown_device_names_the_ones_there_are(device):
-    with pytest.raises(ConfigError, match=f"device='{device}' is not on this machine: use cpu, or cuda"):
+@pytest.mark.parametrize("device, problem", [
+    ("gpu", "is not a device name: the names are cpu, cuda, cuda:N (the GPU numbered N) and mps"),
+    ("CPU", "is not a device name"), ("cpu:0", "is not a device name"), ("cuda:x", "is not a device name"),
+    ("cuda:99", "is not on this machine: use cpu, or cuda"),
+])
+def test_an_unknown_device_names_the_ones_there_are(device, problem):
+    with pytest.raises(ConfigError, match=re.escape(f"device='{device}' {problem}")):
         train.check_device(device)
     train.check_device("cpu")  # no error
 
@@ -69,8 +74,11 @@ def pretend_mps(monkeypatch):
 @pytest.mark.filterwarnings("ignore:CUDA is not available")  # autocast for CUDA, made here
 def test_each_device_chooses_its_precision(pretend_mps, monkeypatch):
     assert train.autocast_for("auto", "cpu")[0] == "float32"
-    for bf16, dtype in ((True, "bfloat16"), (False, "float16")):  # CUDA's, as it was
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    # a GPU before Ampere emulates bf16, slower than fp16: what counts is native bf16
+    for native, dtype in ((True, "bfloat16"), (False, "float16")):
+        def is_bf16_supported(including_emulation=True):
+            return native or including_emulation
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
         assert train.autocast_for("auto", "cuda")[0] == dtype
     dtype, autocast = train.autocast_for("auto", "mps")  # fp32 unless asked: old macOS lack bf16
     assert dtype == "float32" and isinstance(autocast, contextlib.nullcontext)
@@ -147,3 +155,31 @@ def test_bench_waits_for_the_mps_device_around_each_step(monkeypatch):
     run["device"] = "mps"  # the same step, timed as on the Apple GPU
     assert bench.step(run) > 0
     assert waits == ["mps", "mps"]  # before the clock starts and before it stops
+
+
+class DeviceChosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("environment, device, current", [
+    ({}, "cuda:1", "cuda:1"),  # one process, on the GPU asked for
+    ({}, "cuda", "cuda"),
+    (dict(WORLD_SIZE="4", RANK="3", LOCAL_RANK="1"), "cuda", "cuda:1"),  # torchrun: its node's GPU
+])
+def test_a_cuda_device_is_made_the_current_one_in_every_process(environment, device, current, data_dir, tmp_path,
+                                                                monkeypatch):
+    # the CUDA random states that a checkpoint saves and the pinned copies of the batches are the
+    # current device's: cuda:0's unless the run's GPU is made current, before anything else
+    chosen = []
+
+    def set_device(device):
+        chosen.append(str(device))
+        raise DeviceChosen  # no GPU here to go on with
+
+    config = dict(train.get_config(argv_for(data_dir, tmp_path)), device=device)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DeviceChosen):
+        train.train(config)
+    assert chosen == [current]

@@ -11,6 +11,7 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 from conftest import REPO
 
@@ -169,3 +170,23 @@ def test_the_top_level_shows_the_design():
               "configurator.py", "sample.py", "README.md", "test_models.py", "config", "LICENSE"}
     assert design <= entries
     assert "python -m pytest -q" in "\n".join(lines_of("README.md")[:60])  # the test command on the first screen
+
+
+def test_every_test_skipped_without_cuda_carries_the_cuda_mark(request):
+    # `python -m pytest -m cuda` on a GPU machine must run every CUDA-only test: the mark, which
+    # conftest.py turns into the skip, is the only way a test says it needs CUDA
+    for item in request.session.items:
+        for mark in item.iter_markers("skipif"):
+            condition = mark.args[0] if mark.args else mark.kwargs.get("condition")
+            reason = mark.kwargs.get("reason", "")
+            needs_cuda = "cuda" in reason.lower() or "gpu" in reason.lower()
+            assert not (needs_cuda and condition), f"{item.nodeid}: mark it @pytest.mark.cuda instead"
+    sources = {name: "\n".join(lines_of(name)) for name in tracked_files()
+               if name.endswith(".py") and (name.startswith("tests/") or name.startswith("test_"))}
+    skip_without_cuda = "skipif(not torch.cuda" + ".is_available()"  # in two parts: not itself a match
+    for name, text in sources.items():
+        assert skip_without_cuda not in text, f"{name}: use @pytest.mark.cuda"
+    if torch.cuda.is_available():
+        return
+    marked = [item for item in request.session.items if item.get_closest_marker("cuda")]
+    assert all(item.get_closest_marker("skip") for item in marked)

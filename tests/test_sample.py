@@ -153,7 +153,7 @@ def test_sample_without_a_tokenizer_is_one_error_line(trained_runs, monkeypatch,
     ("--num_samples=0", "num_samples must be at least 1"),
     ("--dtype=half", "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got 'half'"),
     ("--seed=-1", "seed must be >= 0, got -1"),
-    ("--device=gpu", "device='gpu' is not on this machine"),
+    ("--device=gpu", "device='gpu' is not a device name"),
     ("--checkpoint=final", "checkpoint must be 'best' or 'latest', got 'final'"),
 ])
 def test_sample_bad_setting_is_one_line(setting, message, tmp_path, capsys):

@@ -54,7 +54,9 @@ def test_model_keys_are_valid_only_for_their_model(tmp_path):
     ("--warmup_iters=700000", "warmup_iters must be below lr_decay_iters, or set --decay_lr=False"),
     ("--min_lr=0.1", "min_lr must not exceed learning_rate"),
     ("--dtype=half", "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got 'half'"),
-    ("--device=gpu", "device='gpu' is not on this machine: use cpu, or cuda, cuda:N or mps"),
+    ("--device=gpu", "device='gpu' is not a device name: the names are cpu, cuda, cuda:N (the GPU numbered N) and mps"),
+    ("--device=CPU", "device='CPU' is not a device name"),
+    ("--device=cpu:0", "device='cpu:0' is not a device name"),
     pytest.param("--device=cuda", "device='cuda' is not on this machine",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])

@@ -116,6 +116,49 @@ def test_each_model_trains_logs_and_saves(model_type, data_dir, tmp_path):
         assert torch.equal(p, restored.state_dict()[name])
 
 
+def test_a_resume_names_the_settings_that_differ_and_holds_no_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    out_dir = tmp_path / "run"
+    assert train.main(run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)) == 0
+    loaded, alive = [], []  # weak references to the model tensors of each checkpoint read
+
+    def load_traced(*args, load_checkpoint=train.load_checkpoint, **kwargs):
+        checkpoint = load_checkpoint(*args, **kwargs)
+        loaded.extend(weakref.ref(t) for t in checkpoint["model"].values())
+        return checkpoint
+
+    def step(*args, forward_backward=train.forward_backward):
+        alive.append(sum(ref() is not None for ref in loaded))
+        return forward_backward(*args)
+
+    monkeypatch.setattr(train, "load_checkpoint", load_traced)
+    monkeypatch.setattr(train, "forward_backward", step)
+    capsys.readouterr()
+    argv = run_argv(data_dir, out_dir, max_iters=4, eval_interval=2, batch_size=8, init_from="resume")
+    assert train.main(argv) == 0
+    # a forgotten or mistyped flag shows, in one line
+    assert "settings other than the checkpoint's: batch_size 4 -> 8, max_iters 2 -> 4\n" in capsys.readouterr().out
+    # the weights are in the model: the checkpoint is not held through the run (host memory)
+    assert loaded and alive == [0, 0]
+
+
+def test_a_run_says_how_it_ended(data_dir, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    argv = run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)
+    assert train.main(argv) == 0
+    best = min(r["val_loss"] for r in read_log(out_dir) if r["type"] == "eval")
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"trained to iteration 2: best val loss {best:.4f}, its model in {out_dir}/best.pt"
+    assert "never reaches its peak" not in out  # TINY's warmup_iters is 2
+    # a resume of a finished run does nothing, and says how to train on
+    assert train.main(argv + ["--init_from=resume"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"nothing to train: {out_dir}/ckpt.pt is at iteration 2, max_iters; to train on, resume with a larger "
+        "--max_iters")
+    assert train.main(run_argv(data_dir, tmp_path / "short", max_iters=1, warmup_iters=5)) == 0
+    assert ("note: max_iters 1 is below warmup_iters 5: the learning rate never reaches its peak\n"
+            in capsys.readouterr().out)
+
+
 def test_resume_reproduces_an_unbroken_run(data_dir, tmp_path):
     # dropout makes the losses depend on the torch RNG; 4 is no eval step, so the stopped
     # run's final evaluation must not move the training batches either
@@ -846,9 +889,9 @@ import train
 save = torch.save
 def interrupted_save(obj, f):
     save(obj, f)
-    f.truncate(f.tell() // 2)  # half the file written, then a first and a second Ctrl-C arrive
+    f.truncate(f.tell() // 2)  # half the file written, then a Ctrl-C and a kill arrive
     os.kill(os.getpid(), signal.SIGINT)
-    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
 torch.save = interrupted_save
 sys.exit(train.main(sys.argv[1:]))
 """
@@ -861,12 +904,44 @@ def test_a_second_signal_while_saving_leaves_the_previous_checkpoint_whole(data_
     argv = run_argv(data_dir, out_dir, max_iters=8, eval_interval=2, init_from="resume")
     done = subprocess.run([sys.executable, "-c", SAVE_INTERRUPTED, *argv], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 128 + signal.SIGINT
-    assert done.stderr.endswith("a second signal stops at once\nstopped at once by a second SIGINT\n")
+    assert done.returncode == 128 + signal.SIGTERM
+    assert done.stderr.endswith("a second signal stops at once\nstopped at once by a second SIGTERM\n")
     assert (out_dir / "ckpt.pt").read_bytes() == before
+    assert not (out_dir / "ckpt.pt.tmp").exists()  # the half-written file is removed
     # the next launch goes on from the checkpoint, and its save replaces the half-written file
     assert train.main(run_argv(data_dir, out_dir, max_iters=6, eval_interval=2, init_from="resume")) == 0
     assert load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 6 and not (out_dir / "ckpt.pt.tmp").exists()
+
+
+PRESSED_TWICE = """
+import os, signal, sys, time
+import train
+forward_backward = train.forward_backward
+def pressed_twice(*args, steps=[]):
+    steps.append(1)
+    if len(steps) == 3:  # Ctrl-C, and Ctrl-C again after a gap, during the third step
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(float(os.environ["GAP"]))
+        os.kill(os.getpid(), signal.SIGINT)
+    return forward_backward(*args)
+train.forward_backward = pressed_twice
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("gap", [0.5, 1.5])
+def test_a_double_ctrl_c_is_one_request_and_a_later_one_stops_at_once(gap, data_dir, tmp_path):
+    # many press Ctrl-C twice by habit: within a second it asks for the same stop, with the save
+    out_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", PRESSED_TWICE, *run_argv(data_dir, out_dir)], cwd=REPO,
+                          env=dict(ENV, GAP=str(gap)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGINT
+    saved = load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    if gap < 1:
+        assert saved == 3 and "stopped at once" not in done.stderr
+    else:
+        assert saved == 0 and done.stderr.endswith("stopped at once by a second SIGINT\n")
+    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl", "train.lock"]  # no .tmp
 
 
 @pytest.mark.parametrize("while_", ["compiling", "evaluating"])
@@ -1129,6 +1204,49 @@ def test_no_micro_steps_logits_live_through_the_next_forward(model_type, data_di
                            eval_interval=2, eval_iters=2))
     assert len(alive) == 2 * 3 + 2 * 2 * 2  # the micro-steps, and two evaluations of both splits
     assert not any(alive), f"logits alive at forwards {[i for i, a in enumerate(alive) if a]}"
+
+
+class Float32Outputs(TorchDispatchMode):
+    """Counts the float32 tensors of `numel` elements that ops make: under bf16 autocast, the
+    float32 copies of the (B, T, vocab) logits."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.count += sum(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() == self.numel
+                          for t in torch.utils._pytree.tree_leaves(out))
+        return out
+
+
+@pytest.mark.parametrize("model_type", ["baseline", "future_attn", "encdec"])
+def test_the_logged_cross_entropy_makes_no_float32_copy_of_the_logits(model_type, data_dir, tmp_path):
+    # On a GPU each float32 copy of the logits is 2 GB at 50 x 200 tokens of 50,257 words: a
+    # micro-step of forward_backward makes no more of them than the model's own passes do.
+    config = config_for(data_dir, tmp_path, model_type=model_type, vocab_size=300)  # 300: no other size
+    model = train.build_model(model_type, train.model_args_of(config))
+    batch = train.get_batch(data_dir, "train", torch.Generator().manual_seed(0), 4, 16, "cpu")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with Float32Outputs(4 * 16 * 300) as model_alone:
+        with autocast:
+            loss = model(*batch)[1]
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with Float32Outputs(4 * 16 * 300) as step:
+        numbers = train.forward_backward(model, iter([batch]), 1, autocast, scaler)
+    assert model_alone.count > 0 and step.count == model_alone.count
+    # the logged cross-entropy is the model's, without its auxiliary losses
+    model.eval()
+    with torch.no_grad(), autocast:
+        logits = model(*batch)[0]
+    model.train()
+    cross_entropy = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[1].flatten())
+    if model_type != "baseline":  # dropout is 0: train mode differs only by the auxiliary losses
+        assert numbers["loss"] > numbers["cross_entropy"]
+    assert numbers["cross_entropy"].item() == pytest.approx(cross_entropy.item(), rel=2e-2)
 
 
 # --------------------------------------------------------------------------------------
