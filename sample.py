@@ -158,10 +158,10 @@ def sample(config):
 @configurator.script
 def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
-    if configurator.wants_help(argv):
-        print(configurator.usage(__doc__, DEFAULTS))
-        return 0
     config = read_settings(DEFAULTS, argv)
+    if configurator.wants_help(argv):  # with the values the rest of argv gives
+        print(configurator.usage(__doc__, config))
+        return 0
     check_settings(config)
     for text in sample(config):
         print(text)

@@ -6,6 +6,7 @@ Run: python -m pytest -q tests/test_cli.py
 """
 
 import errno
+import importlib
 import os
 import signal
 import subprocess
@@ -13,24 +14,52 @@ import sys
 
 import pytest
 
-import bench
-import check_causal
 import configurator
-import sample
 import train
 from conftest import REPO
 
 
-@pytest.mark.parametrize("main, doc_line, key", [
-    (train.main, "Trains one of the three models", "--learning_rate=0.0009"),
-    (sample.main, "Samples text from a model", "--max_new_tokens=200"),
-    (bench.main, "Times one training step", "--iters=20"),
-    (check_causal.main, "Checks that a model cannot see the future", "--probe_steps=0"),
-])
-def test_help_prints_usage_and_keys(main, doc_line, key, capsys):
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert doc_line in out and key in out
+# every script, a key of its own with a value to give it, and a switch (a key whose value is a bool)
+FLAG_FORMS = {
+    "train": ("max_iters", 7, "compile"),
+    "sample": ("num_samples", 7, "compile"),
+    "prepare_wikipedia": ("train_tokens", 7, "detokenize"),
+    "bench": ("iters", 7, "memory"),
+    "study": ("out_root", "elsewhere", "report_only"),
+    "check_causal": ("probe_steps", 7, "probe"),
+    "report": ("plot", "curves.png", None),  # the two that take folders have no switch
+    "visualize": ("grid", 4, None),
+}
+
+
+@pytest.mark.parametrize("script", FLAG_FORMS)
+def test_every_script_takes_every_flag_form_and_its_help_shows_the_values(script, tmp_path, capsys):
+    main = importlib.import_module(script).main
+    key, value, switch = FLAG_FORMS[script]
+    forms = [([f"--{key}={value}"], f"--{key}={value!r}"), ([f"--{key}", str(value)], f"--{key}={value!r}")]
+    if switch:
+        forms += [([f"--{switch}"], f"--{switch}=True"),  # a switch alone means True
+                  ([f"--{switch}=True"], f"--{switch}=True"),
+                  ([f"--{switch}=False"], f"--{switch}=False")]
+    if script not in ("bench", "check_causal", "study"):  # whose .py words are train.py's configs
+        config_file = tmp_path / "my_config.py"
+        config_file.write_text(f"{key} = {value!r}\n")
+        forms.append(([str(config_file)], f"--{key}={value!r}"))
+    for argv in (["--help"], ["-h"]):
+        assert main(argv) == 0
+        doc = importlib.import_module(script).__doc__.strip().splitlines()[0]
+        assert doc in capsys.readouterr().out
+    for argv, shown in forms:
+        assert main([*argv, "--help"]) == 0, argv
+        out = capsys.readouterr().out
+        assert f"\n  {shown}\n" in out, (argv, out[-2000:])
+
+
+def test_no_script_parses_its_flags_with_argparse():
+    for name in os.listdir(REPO):
+        if name.endswith(".py"):
+            with open(os.path.join(REPO, name)) as f:
+                assert "argparse" not in f.read(), name
 
 
 SIGNALLED = """

@@ -1,11 +1,12 @@
 """
-Tests of visualize.py: the numbers it draws are the models' own, and the script runs end to end.
+Tests of visualize.py: the numbers it draws are the models' own, the pictures fit a laptop's
+screen, and the script runs end to end.
 
 Each attention map must reproduce its layer's output (P @ v against the input of c_proj,
 every layer and head), the embedding statistics a direct computation, and the embedding
 loss's two sides the model's loss. Tiny models with random weights at a scale where every
 head attends differently, so a wrong head, mask or transpose shows.
-Run: python -m pytest -q test_visualize.py (offline: export TIKTOKEN_CACHE_DIR first)
+Run: python -m pytest -q tests/test_visualize.py (offline: export TIKTOKEN_CACHE_DIR first)
 """
 
 import importlib.util
@@ -252,6 +253,84 @@ def test_no_embedding_loss_no_sides():
 
 
 # --------------------------------------------------------------------------------------
+# the pictures' size
+
+# the write-ups' future-attention model: 28 layers of 9 heads, each P_omni beside its P*
+WRITEUP_GRID = (28, 9)
+
+
+def fake_future_maps(n_layers, n_heads, T, future_dim):
+    """attention_maps' future and target lists of random rows that sum to 1."""
+    torch.manual_seed(0)
+    square = torch.rand(n_layers, 1, n_heads, T, T + future_dim).softmax(-1)
+    target = torch.rand(n_layers, 1, n_heads, T, T).softmax(-1)
+    return list(square), list(target)
+
+
+def png_size(path):
+    """(width, height) in pixels, from the PNG's header."""
+    with open(path, "rb") as f:
+        header = f.read(24)
+    return struct.unpack(">II", header[16:24])
+
+
+def test_the_writeups_28_layers_of_9_heads_fit_a_laptops_screen():
+    # the picture is its figure size times the dpi (test_the_panels_are_as_wide_... checks it)
+    screen_w, screen_h = visualize.SCREEN_INCHES
+    assert screen_w * 80 <= 1520 and screen_h * 80 <= 960  # pixels at the default dpi
+    n_layers, n_heads = WRITEUP_GRID
+    for widths in ([3.0, 1.0], [1.0]):  # P_omni beside P*, and a plain map
+        width, height = visualize.attention_figsize(n_layers, n_heads, widths)
+        assert width <= screen_w + 1e-9 and height <= screen_h + 1e-9
+        # each layer's row still a third of an inch high, 27 pixels
+        assert (height - 2.0) / n_layers >= 1 / 3
+    # a grid that fits is drawn at full size: PANEL_INCHES per panel, and room for the labels
+    width, height = visualize.attention_figsize(2, 3, [1.0])
+    assert height == 2.0 + 2 * (visualize.PANEL_INCHES + 0.4)
+    assert width == 1.5 + 3 * visualize.PANEL_INCHES
+    # a grid too large for the screen keeps its proportions
+    big = visualize.attention_figsize(6, 9, [3.0, 1.0])
+    unshrunk = (1.5 + 9 * 4.0 * visualize.PANEL_INCHES, 2.0 + 6 * (visualize.PANEL_INCHES + 0.4))
+    assert big[0] / big[1] == pytest.approx(unshrunk[0] / unshrunk[1])
+    assert max(big[0] / screen_w, big[1] / screen_h) == pytest.approx(1.0)
+
+
+@draws
+def test_the_panels_are_as_wide_as_their_keys_with_square_cells(tmp_path, monkeypatch):
+    # 2 layers of 2 heads on a 31-token prompt, future_dim 16: P_omni 47 keys wide, beside P*
+    T, future_dim = 31, 16
+    square, target = fake_future_maps(2, 2, T, future_dim)
+    save, drawn = visualize.save, {}
+
+    def measured_save(fig, path, dpi):
+        fig.canvas.draw()
+        panels = [ax for ax in fig.axes if ax.get_images()]
+        drawn["panels"] = [(ax.get_position().width * fig.get_figwidth(),
+                            ax.get_position().height * fig.get_figheight(), ax.get_xlim())
+                           for ax in panels]
+        drawn["norm"] = panels[0].get_images()[0].norm
+        save(fig, path, dpi)
+
+    monkeypatch.setattr(visualize, "save", measured_save)
+    labels = [f"t{t}" for t in range(T)]
+    visualize.draw_attention(str(tmp_path / "a.png"), "future", square, target, [0, 1], [0, 1],
+                             labels, dpi=80)
+    # the picture is its figure size times the dpi, which attention_figsize gives
+    width, height = visualize.attention_figsize(2, 2, [(T + future_dim) / T, 1.0])
+    assert width < visualize.SCREEN_INCHES[0] and height < visualize.SCREEN_INCHES[1]
+    png_width, png_height = png_size(tmp_path / "a.png")
+    assert abs(png_width - 80 * width) <= 1 and abs(png_height - 80 * height) <= 1
+    assert len(drawn["panels"]) == 2 * 2 * 2
+    for k, (width, height, xlim) in enumerate(drawn["panels"]):
+        keys = T + future_dim if k % 2 == 0 else T  # P_omni, then P*
+        assert xlim == (-0.5, keys - 0.5)  # P*'s keys are the prompt's: no blank columns
+        # cells about square: the panel's width over its keys near its height over its queries
+        assert width / keys == pytest.approx(height / T, rel=0.35), (k, width, height)
+    # a weight of 1/T, that of a row spread evenly, falls in the middle third of the colours
+    assert 1 / 3 < drawn["norm"](1 / T) < 2 / 3 and drawn["norm"](1.0) == 1.0
+
+
+# --------------------------------------------------------------------------------------
 # the script, on checkpoints that train.py writes
 
 RUNS = {  # name -> model settings; the GPT-2 vocabulary, so the prompt's tokens fit
@@ -282,7 +361,7 @@ def runs(data_dir, tmp_path_factory):
 
 
 def written(out):
-    """The paths of the 'wrote PATH: what' lines, each a whole PNG."""
+    """The file names of the 'wrote PATH' lines, each a whole PNG."""
     paths = [line.split(": ")[0][len("wrote "):] for line in out.splitlines()
              if line.startswith("wrote ")]
     for path in paths:
@@ -300,16 +379,10 @@ def written(out):
                 "embeddings_out-encdec.png"]),
 ])
 def test_every_model_type_end_to_end(runs, name, files, tmp_path, capsys):
-    assert visualize.main([f"--out_dir={runs[name]}", PROMPT, f"--save_dir={tmp_path}"]) == 0
+    # the run's folder is a plain word, anywhere on the command line
+    assert visualize.main([PROMPT, runs[name], f"--save_dir={tmp_path}"]) == 0
     assert written(capsys.readouterr().out) == files
     assert sorted(os.listdir(tmp_path)) == files  # no temporary files left
-
-
-def png_size(path):
-    """(width, height) in pixels, from the PNG's header."""
-    with open(path, "rb") as f:
-        header = f.read(24)
-    return struct.unpack(">II", header[16:24])
 
 
 @draws
@@ -317,8 +390,7 @@ def png_size(path):
 @pytest.mark.parametrize("tokens", [5, 70])
 @pytest.mark.parametrize("name", ["base", "wide", "encdec"])
 def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, capsys):
-    """Every PNG at most ~2000 px wide and high, its smallest text 10 px or more, and P* as
-    wide as the prompt it shows."""
+    """Every PNG within 1520 x 960 pixels, and its smallest text 10 pixels or more."""
     import matplotlib.text
     save, smallest_text = visualize.save, {}
 
@@ -326,105 +398,86 @@ def test_every_picture_fits_a_screen(runs, name, tokens, tmp_path, monkeypatch, 
         fig.canvas.draw()  # tick labels exist once drawn
         texts = [t for t in fig.findobj(matplotlib.text.Text)
                  if t.get_visible() and t.get_text().strip()]
-        points = min(t.get_fontsize() for t in texts)
-        smallest_text[os.path.basename(path)] = points * dpi / 72  # points -> px
-        for ax in fig.axes:
-            # P*'s keys are the prompt's: no blank columns after them
-            if ax.get_title().startswith("P*"):
-                assert ax.get_xlim() == (-0.5, T - 0.5)
+        smallest_text[os.path.basename(path)] = min(t.get_fontsize() for t in texts) * dpi / 72
         save(fig, path, dpi)
 
     monkeypatch.setattr(visualize, "save", measured_save)
-    T = min(tokens, 64 if name == "wide" else RUN["block_size"])
-    argv = [f"--out_dir={runs[name]}", "--start=" + " word" * tokens, f"--save_dir={tmp_path}"]
+    argv = [runs[name], "--start=" + " word" * tokens, f"--save_dir={tmp_path}"]
     assert visualize.main(argv) == 0
     pictures = written(capsys.readouterr().out)
     assert sorted(smallest_text) == pictures
     for picture in pictures:
         width, height = png_size(tmp_path / picture)
-        # shown whole at 100% on a laptop's screen
-        assert width <= 1600 and height <= 2000, (picture, width, height)
+        assert width <= 1520 and height <= 960, (picture, width, height)
         assert smallest_text[picture] >= 10, picture
 
 
-@pytest.mark.parametrize("n_heads", range(1, 9))
-@pytest.mark.parametrize("panel_widths", [[2.2], [4.5, 2.2], [3.3, 2.2], [0.8, 0.8], [30.0]],
-                         ids=["causal", "P_omni_wide", "P_omni", "tiny", "wider_than_a_screen"])
-def test_head_rows_fill_rows_alike_within_a_screen(n_heads, panel_widths):
-    gaps = 0.35 * len(panel_widths)
-    room = visualize.SCREEN_INCHES - visualize.MARGIN_INCHES
-    row_of, scale = visualize.head_rows(n_heads, panel_widths, gaps)
-    counts = [row_of.count(row) for row in range(row_of[-1] + 1)]
-    assert row_of == sorted(row_of) and min(counts) >= 1
-    assert max(counts) - min(counts) <= 1  # rows filled alike: 2 + 2, never 3 + 1
-    # the fewest rows whose groups fit at the smallest scale, found by trying every count of rows
-    smallest_group = visualize.SMALLEST * sum(panel_widths) + gaps  # inches
-    fewest = next(rows for rows in range(1, n_heads + 1)
-                  if -(-n_heads // rows) * smallest_group <= room or rows == n_heads)
-    assert len(counts) == fewest
-    # within the screen
-    assert max(counts) * (scale * sum(panel_widths) + gaps) <= room + 1e-9 and scale <= 1
-    if n_heads * (sum(panel_widths) + gaps) <= room:
-        assert scale == 1  # what fits is not shrunk
-
-
 @draws
-def test_future_attention_of_4_heads_takes_a_row_per_layer(tmp_path, monkeypatch):
-    # the quick start's future-attention model (4 heads, here 2 of its 4 layers) on a 31-token
-    # prompt: one row of heads per layer, under 1600 px wide, on a colour scale where a row's
-    # spread weights show
-    model = random_model(fa, block_size=64, future_dim=16)
-    T = 31
-    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(5))
-    maps = visualize.attention_maps(model.float(), idx)
-    save, drawn = visualize.save, {}
+@pytest.mark.parametrize("names", [["out-encdec"], ["out-encdec_mse_possub", "out-encdec_plain"]])
+def test_the_embeddings_titles_overlap_nothing(names, tmp_path, monkeypatch):
+    # each title stays clear of the colour bar, its label and the other titles
+    stats = {name: visualize.embedding_stats(random_model(ed)) for name in names}
+    save, boxes = visualize.save, {}
 
     def measured_save(fig, path, dpi):
-        panels = [ax for ax in fig.axes if ax.get_title().endswith("P_omni")]
-        drawn["rows"] = sorted({round(ax.get_position().y0, 3) for ax in panels})
-        drawn["per_row"] = {y: sum(round(ax.get_position().y0, 3) == y for ax in panels)
-                            for y in drawn["rows"]}
-        drawn["norms"] = [image.norm for ax in panels for image in ax.get_images()]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        boxes["titles"] = [ax.title.get_window_extent(renderer) for ax in fig.axes[:-1]
+                           if ax.get_title()]
+        boxes["colour bar"] = fig.axes[-1].get_tightbbox(renderer)  # added last
         save(fig, path, dpi)
 
     monkeypatch.setattr(visualize, "save", measured_save)
-    labels = [f"t{t}" for t in range(T)]
-    path = tmp_path / "future.png"
-    visualize.draw_attention(str(path), "future attention", maps["future"], maps["target"],
-                             [0, 1], [0, 1, 2, 3], labels, future_dim=16, dpi=80)
-    width, height = png_size(path)
-    assert width <= 1600 and height <= 800, (width, height)
-    assert len(drawn["rows"]) == 2 and set(drawn["per_row"].values()) == {4}
-    # a weight of 1/T, that of a row spread evenly, falls in the middle third of the colours
-    for norm in drawn["norms"]:
-        assert 1 / 3 < norm(1 / T) < 2 / 3 and norm(1.0) == 1.0
+    visualize.draw_embeddings(str(tmp_path / "e.png"), stats, dpi=80)
+    titles = boxes["titles"]
+    assert len(titles) == len(names)
+    for i, title in enumerate(titles):
+        assert not title.overlaps(boxes["colour bar"])
+        assert not any(title.overlaps(other) for other in titles[i + 1:])
 
 
 @draws
-def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, capsys):
-    # 20 tokens, more than the block_size of 16
+def test_two_runs_side_by_side_and_a_run_without_embedding_loss(runs, tmp_path, capsys):
+    # the second run's folder has the first's name: its pictures take the name out-encdec_2
+    shutil.copytree(runs["plain"], tmp_path / "out-encdec")
+    # 21 tokens, more than the block_size of 16
     long_prompt = "--start=" + "one two three four five six seven eight nine ten " * 2
-    argv = [f"--out_dir={runs['encdec']}", "--out_dir", runs["plain"], long_prompt,
-            "--layer", "0", "--head=0"]
+    argv = [runs["encdec"], str(tmp_path / "out-encdec"), long_prompt, "--layer", "0", "--head=0"]
     assert visualize.main(argv) == 0
     out = capsys.readouterr().out
-    assert "embeddings_out-encdec_vs_out-plain.png" in written(out)
-    assert "note: out-plain has no embedding loss" in out
-    assert out.count("more than") == 2  # the crop, said once per run
-    # the pictures go to the first out_dir by default
-    assert "attention_cross_out-plain.png" in os.listdir(runs["encdec"])
+    files = written(out)
+    assert "embeddings_out-encdec_vs_out-encdec_2.png" in files
+    assert "embedding_loss_out-encdec.png" in files
+    assert "embedding_loss_out-encdec_2.png" not in files  # it has no embedding loss
+    assert "note: out-encdec reads the first 16 of the prompt's 21 tokens" in out
+    assert out.count("note:") == 2  # the crop, said once per run
+    # the pictures go to the first run's folder by default
+    assert "attention_cross_out-encdec_2.png" in os.listdir(runs["encdec"])
 
 
 @draws
 def test_one_layer_and_head(runs, tmp_path, capsys):
     # encdec: 2 self-attention heads, 4 cross-attention heads; head 3 exists in cross only
-    argv = [f"--out_dir={runs['encdec']}", PROMPT, "--layer=1", "--head=3",
-            f"--save_dir={tmp_path}"]
+    argv = [runs["encdec"], PROMPT, "--layer=1", "--head", "3", f"--save_dir={tmp_path}"]
     assert visualize.main(argv) == 0
     out = capsys.readouterr().out
-    assert "note: encoder attention of out-encdec has no head 3" in out
-    assert "attention_cross_out-encdec.png" in written(out)
-    assert "cross attention weights of layers [1] (of 2) x heads [3] (of 4)" in out
+    assert written(out) == ["attention_cross_out-encdec.png", "embedding_loss_out-encdec.png",
+                            "embeddings_out-encdec.png"]
+    assert "attention_cross_out-encdec.png: layers [1], heads [3]" in out
+
+
+@pytest.mark.parametrize("grid, count, picked", [
+    (6, 2, [0, 1]), (1, 2, [0]), (6, 28, [0, 5, 11, 16, 22, 27]), (3, 9, [0, 4, 8]),
+    (9, 9, list(range(9))),
+])
+def test_the_grid_spreads_the_layers_and_heads(grid, count, picked):
+    config = dict(visualize.DEFAULTS, grid=grid)
+    assert visualize.pick(config, "layer", count, "run") == picked
+    # the reference: the first and the last, and between them as evenly as whole indices go
+    if len(picked) > 1:
+        gaps = [b - a for a, b in zip(picked, picked[1:])]
+        assert picked[0] == 0 and picked[-1] == count - 1 and max(gaps) - min(gaps) <= 1
+    assert visualize.pick(dict(config, head=count - 1), "head", count, "run") == [count - 1]
 
 
 @draws  # the checks that need the checkpoint come after the one for matplotlib
@@ -432,25 +485,33 @@ def test_one_layer_and_head(runs, tmp_path, capsys):
     ("--layer=2", "layer must be in 0..1 (out-base has 2 layers), got 2"),
     ("--head=-1", "head must be in 0..1 (out-base has 2 heads), got -1"),
     ("--layer=first", "layer must be in 0..1 (out-base has 2 layers), got 'first'"),
-    ("--grid=0", "grid must be at least 1"),
+    ("--grid=0", "grid and dpi must be at least 1"),
     ("--start=", "the prompt is empty"),
     ("--checkpoint=final", "checkpoint must be 'best' or 'latest', got 'final'"),
+    ("--out_dir=x", "unknown key out_dir"),
 ])
-def test_bad_settings_are_one_line(runs, flag, message, capsys):
-    assert visualize.main([f"--out_dir={runs['base']}", PROMPT, flag]) == 2
+def test_bad_settings_are_one_line(runs, flag, message, tmp_path, capsys):
+    assert visualize.main([runs["base"], PROMPT, flag, f"--save_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {err[7:]}" and message in err and err.count("\n") == 1
+    assert os.listdir(tmp_path) == []
 
 
-@draws  # without matplotlib, visualize.py says so before it looks for a checkpoint
+def test_no_run_folder_is_one_line(capsys):
+    assert visualize.main([PROMPT]) == 2
+    assert capsys.readouterr().err.startswith("error: no run to draw: give its folder")
+
+
+@draws
 def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
-    assert visualize.main([f"--out_dir={tmp_path}"]) == 1
-    assert capsys.readouterr().err == f"error: no checkpoint at {tmp_path}/best.pt: train one first\n"
+    assert visualize.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: no checkpoint at {tmp_path}/best.pt: train one first\n"
 
 
 def test_without_matplotlib_nothing_is_drawn(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
-    assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 1
+    assert visualize.main([runs["base"], PROMPT, f"--save_dir={tmp_path}"]) == 1
     assert capsys.readouterr().err == ("error: visualize.py draws with matplotlib: "
                                        "pip install matplotlib\n")
     assert os.listdir(tmp_path) == []
@@ -460,13 +521,15 @@ def test_without_matplotlib_nothing_is_drawn(runs, tmp_path, monkeypatch, capsys
 def test_a_checkpoint_with_flipped_bits_is_refused(runs, tmp_path, capsys):
     shutil.copytree(runs["base"], tmp_path / "run")
     flip_bits(tmp_path / "run" / "best.pt")
-    assert visualize.main([f"--out_dir={tmp_path / 'run'}", PROMPT, f"--save_dir={tmp_path}"]) == 1
+    assert visualize.main([str(tmp_path / "run"), PROMPT, f"--save_dir={tmp_path}"]) == 1
     assert capsys.readouterr().err == (f"error: {tmp_path / 'run'}/best.pt is damaged, or not a "
-                                       "checkpoint of this train.py: use a good copy, or train again\n")
+                                       "checkpoint of this train.py: use a good copy, or train "
+                                       "again\n")
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".png")]
 
 
 def test_help_lists_the_keys(capsys):
-    assert visualize.main(["--help"]) == 0
+    assert visualize.main(["--help", "--grid=3"]) == 0
     out = capsys.readouterr().out
-    assert "--layer=None" in out and "--grid=6" in out
+    assert out.startswith(visualize.__doc__.strip()[:40])
+    assert "--layer=None" in out and "--grid=3" in out  # the values the command line gives
