@@ -355,7 +355,7 @@ def test_model_same_with_readable_and_fast(overrides, training, monkeypatch):
     assert len(fast_calls) == n_future_layers  # the fast path really ran
     torch.testing.assert_close(got[0], ref[0], **TOL)  # logits
     torch.testing.assert_close(got[1], ref[1], **TOL)  # loss
-    aux_keys = {"future_attn_loss", "future_attn_loss_per_layer"} if training else set()
+    aux_keys = {"cross_entropy", "future_attn_loss", "future_attn_loss_per_layer"} if training else set()
     assert got[2].keys() == ref[2].keys() == aux_keys
     for key in ref[2]:
         torch.testing.assert_close(got[2][key], ref[2][key], **TOL)
