@@ -94,7 +94,7 @@ def build(label, config, impl):
     device = config["device"]
     dtype, autocast = train.autocast_for(config["dtype"], torch.device(device).type)
     torch.manual_seed(config["seed"])
-    model, optimizer, scaler = train.build(dict(config, dtype=dtype), 0, None, None)
+    model, optimizer, scaler = train.build(dict(config, dtype=dtype), 0, None)
     if config["model_type"] == "future_attn":
         try:
             model.set_impl(impl)

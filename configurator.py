@@ -151,21 +151,12 @@ def normalize(argv):
     return flags
 
 
-def take_words(argv, defaults):
+def take_words(argv):
     """(the plain words of argv, such as the folders report.py reads, and the rest of argv). A
-    word after a bare `--key` is that flag's value, unless the key is a switch (its default a
-    bool) and the word is not True or False; a word ending in .py is a config file."""
-    words, rest, arg_before = [], [], ""
-    for arg in argv:
-        key = arg_before[2:]
-        takes_value = arg_before.startswith("--") and "=" not in arg_before and (
-            not isinstance(defaults.get(key), bool) or arg in ("True", "False"))
-        if arg.startswith("-") or arg.endswith(".py") or takes_value:
-            rest.append(arg)
-        else:
-            words.append(arg)
-        arg_before = "" if takes_value else arg
-    return words, rest
+    word after a bare `--key` is that flag's value; a word ending in .py is a config file."""
+    flags = normalize(argv)
+    words = [arg for arg in flags if not arg.startswith("-") and not arg.endswith(".py")]
+    return words, [arg for arg in flags if arg not in words]
 
 
 def parse(argv):

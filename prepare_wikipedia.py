@@ -18,6 +18,7 @@ import io
 import itertools
 import json
 import os
+import pathlib
 import re
 import shutil
 import socket
@@ -63,7 +64,7 @@ DEFAULTS = dict(
 FILE_LISTS = ("input", "val")  # the keys that take every word up to the next flag
 
 
-# --------------------------------------------------------------------------- what is fetched
+# ---------------------------------------- downloads
 
 Pinned = collections.namedtuple("Pinned", "urls size sha256")  # a file, and where it is served
 # The write-ups' data in Git LFS (docs/data.md): GitHub's LFS host, then the raw address that
@@ -80,7 +81,6 @@ WRITEUP_FILES = {name: Pinned(tuple(f"{host}{WRITEUP_COMMIT}/datasets/wikipedia/
      "eca4058f7bd8d508bfa8930f092fadffaa5d0b05b14dc6d3c0edc561348f4de1"),
     ("wikipedia_val.bin", 8_683_560,
      "93890178ee863dc019a8018eb99af7d2ec1385b4f340ae1e66d14a567accca09")]}
-# A published WikiText raw zip, the default --out_dir, and the default of --detokenize.
 Dataset = collections.namedtuple("Dataset", "file urls size sha256 out_dir detokenize")
 DATASETS = {
     "wikitext103": Dataset(
@@ -99,14 +99,10 @@ DATASETS = {
 }
 USER_AGENT = "wikipedia-prep/1.0 (research)"  # the WikiText host refuses some default user agents
 ATTEMPTS = 5  # requests per URL
-RETRY_STATUSES = (429, 500, 502, 503, 504)  # Another 4xx would come again.
 BACKOFF_S = 1.0  # urllib3 waits 0, 2, 4, 8 ... s, or what the server's Retry-After asks.
 # GitHub sends this text in place of a Git LFS file that it does not serve.
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
-LFS_SENT = "the server sent a Git LFS pointer, not the file (its owner's LFS quota spent, or gone)"
 
-
-# --------------------------------------------------------------------------- downloads
 
 class DownloadError(UserError):
     """A URL that did not give the file; the next URL may."""
@@ -140,8 +136,9 @@ class Retry(urllib3.util.Retry):
 
 def http_session():
     session = requests.Session()
-    retry = Retry(total=ATTEMPTS - 1, status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S,
-                  raise_on_status=False)
+    # Another 4xx would come again, so it is not retried.
+    retry = Retry(total=ATTEMPTS - 1, status_forcelist=(429, 500, 502, 503, 504),
+                  backoff_factor=BACKOFF_S, raise_on_status=False)
     for scheme in ("http://", "https://"):
         session.mount(scheme, HTTPAdapter(max_retries=retry))
     # The identity encoding makes byte counts and ranges refer to the file itself.
@@ -170,18 +167,20 @@ def download(session, url, part, size):
                 raise DownloadError(f"HTTP {response.status_code} {response.reason}")
             # A 200 sends the whole file: no Range was asked for, or the server ignored it.
             start = done = done if response.status_code == 206 else 0
+            head = b"" if start else response.raw.read(len(LFS_POINTER))
+            if head == LFS_POINTER:
+                raise DownloadError("the server sent a Git LFS pointer, not the file")
             length = response.headers.get("Content-Length")
             if length and start + int(length) != size:
-                if response.raw.read(len(LFS_POINTER)) == LFS_POINTER:
-                    raise DownloadError(LFS_SENT)
                 raise DownloadError(f"the server offers {start + int(length):,} bytes, "
                                     f"expected {size:,}")
-            if attempt == 0:  # The file's first bytes are on their way.
+            if attempt == 0:
                 say(f"downloading {url} ({size:,} bytes)")
             began = said = time.time()
             # A dropped connection is resumed below.
             with (open(part, "ab" if start else "wb") as f,
                   contextlib.suppress(requests.RequestException)):
+                done += f.write(head)
                 for chunk in response.iter_content(chunk_size=1 << 16):
                     done += f.write(chunk)
                     if time.time() - said >= PROGRESS_S:
@@ -190,9 +189,6 @@ def download(session, url, part, size):
                         say(f"{host}: {done:,} of {size:,} bytes, {mb_s:.1f} MB/s")
         if done >= size:
             return
-        if start == 0 and starts_with(part, LFS_POINTER):  # It came without its length.
-            os.remove(part)
-            raise DownloadError(LFS_SENT)
         say(f"{host}: connection closed after {done:,} of {size:,} bytes; resuming")
     raise DownloadError(f"gave up after {ATTEMPTS} attempts: the connection closed after "
                         f"{done:,} of {size:,} bytes")
@@ -203,8 +199,8 @@ def fetch(pinned, path, hint):
     URL that gives it. hint: what to do when none does."""
     if os.path.exists(path):  # Only a file that passed is renamed there, unless the user put it.
         if problem := wrong_bytes(path, pinned):
-            raise UserError(f"{path} {problem}: not the file expected; HINT: move it away (it is "
-                            "left as it is), and run again to download it")
+            raise UserError(f"{path} {problem}: not the file expected; HINT: move it away to "
+                            "download it again")
         print(f"using {path}, downloaded before (its sha256 checked)")
         return path
     failures, part = {}, path + ".part"
@@ -243,12 +239,7 @@ def sha256_of(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def starts_with(path, head):
-    with open(path, "rb") as f:
-        return f.read(len(head)) == head
-
-
-# --------------------------------------------------------------------------- reading the text
+# ---------------------------------------- reading the text
 
 # A top-level heading, " = Title = ", not " = = Section = = ", starts a document.
 HEADING = re.compile(r"\s*= [^=].* =\s*")
@@ -260,8 +251,8 @@ LAST_CUT = re.compile(r".*\S(?=[ \n])", re.S)
 
 
 def text_lines(f, name):
-    """The lines of the binary file f as text mode reads them, a quarter MB at a time; a byte that
-    is not UTF-8, or a NUL, is refused with its offset."""
+    """The lines of the binary file f as text mode reads them; a byte that is not UTF-8, or a NUL,
+    is refused with its offset."""
     offset = 0  # This many bytes of f come before this block.
     while lines := f.readlines(1 << 18):
         block = b"".join(lines)
@@ -312,8 +303,8 @@ def input_splits(paths, val_paths, val_fraction):
     n_docs = sum(1 for _ in file_documents(paths))  # A first pass finds where val begins.
     if n_docs < 2:
         raise UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold "
-                        "some out for val; HINT: start articles with ` = Title = ` lines, or name "
-                        "val files with --val")
+                        "some out for val; HINT: start articles with ` = Title = ` lines, or use "
+                        "--val")
     n_val = max(1, round(n_docs * val_fraction))
     if n_val == n_docs:
         raise ConfigError(f"--val_fraction {val_fraction:g} leaves none of the {n_docs} documents "
@@ -323,9 +314,8 @@ def input_splits(paths, val_paths, val_fraction):
 
 
 def detokenize(text):
-    """WikiText's tokenized text back to ordinary text: `a guest @-@ starring role ( 2000 ) .`
-    becomes `a guest-starring role (2000).`, a heading ` = = Early life = = ` a plain line. Each
-    rule asks for a space on both sides of a mark, so ordinary text passes unchanged."""
+    """WikiText's tokenized text back to ordinary text (docs/data.md). Each rule asks for a space
+    on both sides of a mark, so ordinary text passes unchanged."""
     # Each lookbehind comes after its literal, which the regex engine finds quickly.
     text = re.sub(r"^ (?:= )+(.*?)(?: =)+ $", r"\1", text, flags=re.M)
     text = re.sub(r"^ (?:(\S.*) )?$", r"\1", text, flags=re.M)
@@ -339,7 +329,7 @@ def detokenize(text):
 
 def writeup_parts(path):
     """[("train", its pieces), ("val", its pieces)] of the text at path, split as the write-ups
-    split theirs: train is the first int(n * 0.9) of its n characters, val the rest."""
+    split theirs."""
     n = sum(map(len, pieces(path, 0, sys.maxsize)))  # A first pass counts the characters.
     cut = int(n * 0.9)
     return [("train", pieces(path, 0, cut)), ("val", pieces(path, cut, n))]
@@ -347,7 +337,7 @@ def writeup_parts(path):
 
 def pieces(path, start, stop):
     """Characters start to stop of the text at path, read in text mode as the write-ups read it,
-    in pieces of about PIECE_CHARS characters, each ending where LAST_CUT says."""
+    in pieces that end where LAST_CUT says."""
     position, text = 0, ""  # This many characters come before the block read next.
     with open(path, encoding="utf-8") as f:
         try:
@@ -364,17 +354,7 @@ def pieces(path, start, stop):
         yield text
 
 
-# --------------------------------------------------------------------------- tokenize and write
-
-def check_tokenizer():
-    """Load tiktoken's GPT-2 BPE files, which it downloads on first use."""
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception as e:  # Offline, tiktoken raises a long error of urllib3.
-        raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: tiktoken "
-                        "downloads its files once; offline, point TIKTOKEN_CACHE_DIR to a cache "
-                        "filled elsewhere (docs/data.md, Offline)") from None
-
+# ---------------------------------------- tokenize and write
 
 def groups(docs, detokenize_first, group_chars):
     """The documents (detokenized if asked) in lists of about group_chars characters: a task of a
@@ -458,23 +438,19 @@ def write_splits(train_docs, val_docs, config, temps):
     val_asked = config["val_tokens"] if follows else None
     train_encoded = encoded_documents(train_docs, threads, detokenize_first)
     train, left_over = write_split(train_encoded, temps["train.bin"], "train", train_asked)
-    if follows:  # Val goes on with the same read.
-        val_encoded = itertools.chain(left_over, train_encoded)
-    else:
-        val_encoded = encoded_documents(val_docs, threads, detokenize_first)
+    # In the write-ups' split, val goes on with the same read.
+    val_encoded = (itertools.chain(left_over, train_encoded) if follows
+                   else encoded_documents(val_docs, threads, detokenize_first))
     val, val_left_over = write_split(val_encoded, temps["val.bin"], "val", val_asked)
-    if follows and val["documents"] == 0:
-        raise UserError(f"the text ran out: train took {train['tokens']:,} tokens "
-                        f"({train_asked:,} asked) and left nothing for val; "
-                        "HINT: give more text, or lower --train_tokens")
-    for name, split in {"train": train, "val": val}.items():
+    splits = {"train": train, "val": val}
+    for name, split in splits.items():
         if split["documents"] == 0:
-            raise UserError(f"the {name} split has no text; HINT: give more text")
-    # Val came out short, and nothing was read past it.
+            lower = ", or lower --train_tokens" if follows else ""
+            raise UserError(f"the {name} split has no text; HINT: give more text{lower}")
     if follows and val["tokens"] < val_asked and not val_left_over:
         say(f"warning: the text ran out: val has {val['tokens']:,} of the {val_asked:,} "
             f"tokens asked (train has {train['tokens']:,} of {train_asked:,})")
-    return {"train": train, "val": val}
+    return splits
 
 
 @contextlib.contextmanager
@@ -488,7 +464,7 @@ def writing(path, after_failure=NOTHING_REPLACED):
         raise UserError(f"cannot write {name}: {reason}; {after_failure}") from None
 
 
-# --------------------------------------------------------------------------- the data asked for
+# ---------------------------------------- the data asked for
 
 def writeup_data(config, temps):
     """(meta.json's source, the splits' stats) of the write-ups' token files, or their text's
@@ -498,7 +474,7 @@ def writeup_data(config, temps):
     by_hand = (f"save {pinned.urls[0]} by hand and run `python "
                f"prepare_wikipedia.py --dataset=writeup --input wikipedia.txt{out_dir}`")
     source = {"dataset": WRITEUP, "commit": WRITEUP_COMMIT}
-    if config["tokens"]:  # Their token files are copied to train.bin and val.bin.
+    if config["tokens"]:
         splits, token_files = {}, []
         for split in ("train", "val"):
             name, temp = f"wikipedia_{split}.bin", temps[f"{split}.bin"]
@@ -512,7 +488,9 @@ def writeup_data(config, temps):
         return {**source, "token_files": token_files}, splits
     if config["input"]:
         path = config["input"][0]
-        if starts_with(path, LFS_POINTER):
+        with open(path, "rb") as f:
+            pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
+        if pointer:
             raise UserError(f"{path} is a Git LFS pointer, not the text; HINT: `git lfs pull` in "
                             "your clone of yiphei/yif-AI, or drop --input to download it")
     else:
@@ -557,8 +535,8 @@ def document_data(config, temps):
             zip_path = fetch(dataset, os.path.join(config["out_dir"], dataset.file), hint)
         elif problem := wrong_bytes(zip_path, dataset):
             raise UserError(f"{zip_path} {problem}: not the published {dataset.file}; HINT: add "
-                            "--dataset=wikitext2 if it is WikiText-2's zip; unzip a zip of your "
-                            "own and give its files with --input")
+                            "--dataset=wikitext2 for WikiText-2's, or give your own text with "
+                            "--input")
         source = {"dataset": config["dataset"], "zip": zip_path, "sha256": dataset.sha256}
         train_docs = zip_documents(zip_path, "wiki.train.raw")
         val_docs = (None if config["split"] == "writeup"
@@ -577,11 +555,10 @@ def write_outputs(config, source, splits, temps):
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     with writing(temps["meta.json"]), open(temps["meta.json"], "w") as f:
         json.dump(meta, f, indent=2)
-    # meta.json goes first and comes back last, so that its presence marks a whole set.
-    with writing(finals["meta.json"]), contextlib.suppress(FileNotFoundError):
-        os.remove(finals["meta.json"])
-    incomplete = (f"{config['out_dir']} is left without meta.json, "
-                  "an incomplete set that the next run redoes")
+    # meta.json goes first, so that a rename that fails leaves a set seen as incomplete.
+    with writing(finals["meta.json"]):
+        pathlib.Path(finals["meta.json"]).unlink(missing_ok=True)
+    incomplete = f"{config['out_dir']} is left without meta.json: the next run redoes the set"
     for name in OUTPUTS:
         with writing(finals[name], after_failure=incomplete):
             os.replace(temps[name], finals[name])
@@ -610,7 +587,7 @@ def small_val_warning(val, config):
             f"for {MIN_VAL_TOKENS:,}+ tokens and {MIN_VAL_DOCUMENTS}+ documents); HINT: {hint}")
 
 
-# --------------------------------------------------------------------------- the command line
+# ---------------------------------------- the command line
 
 def file_lists(argv):
     """({key: its files} for the FILE_LISTS that argv gives, the rest of argv). A .py file among
@@ -630,8 +607,8 @@ def file_lists(argv):
 
 
 def read_settings(argv):
-    """(the settings, the keys that argv gives): DEFAULTS changed by argv, with the defaults that
-    depend on other settings filled in."""
+    """(the settings, the keys that argv gives), with the defaults that depend on other settings
+    filled in."""
     lists, rest = file_lists(argv)
     files, overrides = configurator.parse(rest)
     config = configurator.merge(DEFAULTS, files, overrides, script_keys=FILE_LISTS) | lists
@@ -661,16 +638,16 @@ def check_settings(config, given):
         if key in given and not config[key]:
             raise ConfigError(f"--{key} names no file: write --{key} FILE ...")
     if val_files and not files:
-        raise ConfigError("--val needs --input: it names the val files among your text files")
+        raise ConfigError("--val needs --input: it holds out files of your own text")
     if config["tokens"] and dataset != WRITEUP:
         raise ConfigError("--tokens fetches the write-ups' token files: --dataset=writeup only")
     if dataset == WRITEUP:
         applies = "tokens input"
-        where = ("the write-ups' own text and split (--dataset=writeup, the default); HINT: drop "
-                 "it, or add --dataset=wikitext103")
+        where = ("the write-ups' own text and split (the default); HINT: drop it, or add "
+                 "--dataset=wikitext103")
     elif config["split"] == "writeup":
         applies = "split input zip detokenize train_tokens val_tokens"
-        where = "--split=writeup, which sizes the splits with --train_tokens and --val_tokens"
+        where = "--split=writeup, sized by --train_tokens and --val_tokens"
     else:
         applies = "split input val zip detokenize val_fraction"
         where = "WikiText's own splits (--split=wikitext, the default); HINT: add --split=writeup"
@@ -691,33 +668,29 @@ def check_settings(config, given):
     if not 0 < config["val_fraction"] < 1:
         raise ConfigError(f"--val_fraction must be between 0 and 1, got {config['val_fraction']}")
     if both := set(map(os.path.realpath, files)) & set(map(os.path.realpath, val_files)):
-        raise ConfigError(f"{min(both)} is given to both --input and --val; HINT: name each file "
-                          "once")
+        raise ConfigError(f"{min(both)} is given to both --input and --val")
     # An unreadable file is refused now, not as a write error of the .bin later.
     for path in [*files, *val_files, *filter(None, [config["zip"]])]:
         try:
             open(path, "rb").close()
         except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror.lower()}; HINT: check the path and "
-                            "its permissions") from None
+            raise UserError(f"cannot read {path}: {e.strerror.lower()}") from None
 
 
 @contextlib.contextmanager
 def holding(out_dir):
-    """The run's lock on out_dir, and its temporary files' paths. A run that fails takes away those
-    files, the lock file and the folders it made, if empty; a download's .part stays."""
+    """The run's lock on out_dir, and its temporary files' paths; a run that fails takes away
+    what it made (docs/data.md)."""
     temps = {name: os.path.join(out_dir, f"{name}.tmp") for name in OUTPUTS}
-    made, folder = [], os.path.abspath(out_dir)
-    while not os.path.exists(folder):  # the folders that lock_folder makes, the deepest first
-        made.append(folder)
-        folder = os.path.dirname(folder)
+    folder = pathlib.Path(out_dir).absolute()
+    # A run that fails takes away the folders that lock_folder makes.
+    made = [path for path in [folder, *folder.parents] if not path.exists()]
     with lock_folder(out_dir, "prepare.lock", "prepare_wikipedia.py"):
         try:
             yield temps
         except BaseException as e:
             for path in temps.values():  # This run's temporary files go, and a killed run's.
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
+                pathlib.Path(path).unlink(missing_ok=True)
             os.remove(os.path.join(out_dir, "prepare.lock"))  # while held: no run holds it unlinked
             for folder in made:
                 with contextlib.suppress(OSError):  # One that is not empty stays.
@@ -732,8 +705,14 @@ def prepare_data(argv):
     config, given = read_settings(argv)
     check_settings(config, given)
     with holding(config["out_dir"]) as temps:
+        # tiktoken fetches its GPT-2 files on first use: fail now, not after a download.
         if not config["tokens"]:
-            check_tokenizer()  # fail before a long download, not after it
+            try:
+                tiktoken.get_encoding("gpt2")
+            except Exception as e:  # Offline, tiktoken raises a long error of urllib3.
+                raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); HINT: "
+                                "offline, set TIKTOKEN_CACHE_DIR to a filled cache (docs/data.md, "
+                                "Offline)") from None
         write = writeup_data if config["dataset"] == WRITEUP else document_data
         meta = write_outputs(config, *write(config, temps), temps)
     if warning := small_val_warning(meta["val"], config):
@@ -743,7 +722,6 @@ def prepare_data(argv):
 
 @script
 def main(argv):
-    """Exit status: 0 done, 1 an error, 2 a bad setting, 128 + the signal for a stop signal."""
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, read_settings(argv)[0]))
         return 0

@@ -153,7 +153,7 @@ def plot(runs, path):
 
 @configurator.script
 def main(argv):
-    out_dirs, rest = configurator.take_words(argv, DEFAULTS)
+    out_dirs, rest = configurator.take_words(argv)
     rest = ["--plot=losses.png" if arg == "--plot" else arg  # --plot alone
             for arg in configurator.normalize(rest)]
     config = configurator.settings(rest, DEFAULTS)

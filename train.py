@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -131,13 +132,13 @@ def get_config(argv, script_keys=()):
 
 def check_device(device):
     """The device must be 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon), and be there."""
-    kind, colon, index = device.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or colon and (kind != "cuda" or not index.isdigit()):
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device={device!r} is not a device name: the names are cpu, cuda, "
                           "cuda:N (the GPU numbered N) and mps")
-    there = dict(cpu=not index, mps=not index and torch.backends.mps.is_available(),
-                 cuda=(index or "0").isdigit() and int(index or 0) < torch.cuda.device_count())
-    if not there.get(kind):
+    kind, _, index = device.partition(":")
+    there = dict(cpu=True, mps=torch.backends.mps.is_available(),
+                 cuda=int(index or 0) < torch.cuda.device_count())
+    if not there[kind]:
         raise ConfigError(f"device={device!r} is not on this machine: use cpu, or cuda, cuda:N or "
                           "mps where there is one")
 
@@ -236,8 +237,7 @@ def check_uint16_ids(path):
     else:
         return
     raise UserError(f"{path} holds {found}, not uint16 token ids: tokenize it with "
-                    "prepare_wikipedia.py --input, or write the ids with "
-                    "np.array(ids, dtype=np.uint16).tofile(path)")
+                    "prepare_wikipedia.py --input, or write the ids as np.uint16")
 
 
 def data_stamps(data_dir):
@@ -562,9 +562,9 @@ def claim_out_dir(config):
 class StopSignals:
     """The first stop signal (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1, or the SIGPIPE of a closed
     stdout, as after `train.py | head`) sets .signum, which the loop reads after each step to
-    save and stop. The same signal again within a second is the same request (a double Ctrl-C,
-    or under torchrun, within 5 s, torchrun passing the first on). A later second signal ends
-    the process at once, and the file being written is removed: the previous one stays whole."""
+    save and stop. The same one within a second (a double Ctrl-C; 5 s under torchrun, which
+    passes it on) is the same request; any other ends the process at once, with the file being
+    written removed, so that the previous one stays whole."""
 
     def __init__(self, speak, passed_on):
         self.signum, self.speak, self.passed_on = None, speak, passed_on
@@ -676,9 +676,18 @@ def evaluate_only(config):
     return dict(model=model, iter_num=checkpoint["iter_num"], best_val_loss=None)
 
 
-def build(config, rank, checkpoint, batch_generator):
+def build(config, rank, batch_generator):
     """The model, AdamW and the fp16 gradient scaler, with this rank's random states, as a
     resumed run's checkpoint saved them."""
+    # Rank 0 reads the checkpoint and sends it to the others, so that out_dir may be on the
+    # first node's disk alone. It is let go on return: its weights are in the model then.
+    checkpoint = None
+    if config["init_from"] == "resume":
+        shared = [load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"), TRAINING_KEYS)
+                  if rank == 0 else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(shared, src=0)
+        checkpoint = shared[0]
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
     torch.backends.cudnn.allow_tf32 = True
     device_type = torch.device(config["device"]).type
@@ -729,16 +738,7 @@ def run(config, signals, state, stamps):
                                       for name in ("ckpt.pt", "best.pt", "log.jsonl"))
     torch.manual_seed(config["seed"] + rank)  # each rank its own dropout and batches
     batch_generator = torch.Generator().manual_seed(config["seed"] + rank)
-    # A resumed run's weights, AdamW's state and the random states: rank 0 reads them and sends
-    # them to the others, so that out_dir may be on the first node's disk alone.
-    checkpoint = None
-    if config["init_from"] == "resume":
-        shared = [load_checkpoint(ckpt_path, TRAINING_KEYS) if master else None]
-        if ddp:
-            dist.broadcast_object_list(shared, src=0)
-        checkpoint = shared[0]
-    raw_model, optimizer, scaler = build(config, rank, checkpoint, batch_generator)
-    del checkpoint  # its weights are in the model now, not to be held twice
+    raw_model, optimizer, scaler = build(config, rank, batch_generator)
     model = torch.compile(raw_model) if config["compile"] else raw_model
     if ddp:
         # an encdec model without embedding loss has a LayerNorm that gets no gradient

@@ -110,8 +110,7 @@ def test_token_files_that_are_not_uint16_ids_are_refused(written_as, tmp_path, c
     assert train.main(argv_for(str(data), tmp_path / "out", max_iters=1)) == 1
     found = "text" if written_as == "text" else "int32 or int64 ids (every other uint16 word is 0)"
     assert last_error(capsys) == (f"error: {data}/train.bin holds {found}, not uint16 token ids: tokenize it with "
-                                  "prepare_wikipedia.py --input, or write the ids with "
-                                  "np.array(ids, dtype=np.uint16).tofile(path)\n")
+                                  "prepare_wikipedia.py --input, or write the ids as np.uint16\n")
     assert not (tmp_path / "out").exists()
     # the same ids as uint16 train
     write_data(data, ids, ids)

@@ -401,7 +401,7 @@ def test_writeup_split_when_the_text_runs_out(tmp_path, capsys):
     # train takes everything: no val at all is an error, and nothing is written
     message = exit_message(["--split=writeup", "--input", *paths, "--out_dir", str(tmp_path / "none"),
                             "--threads", "1", "--train_tokens", "100000"])
-    assert f"train took {sum(counts):,} tokens (100,000 asked)" in message and "--train_tokens" in message
+    assert "the val split has no text" in message and "--train_tokens" in message
     assert outputs(tmp_path / "none") == []
 
 
@@ -456,7 +456,7 @@ def test_the_readme_puts_detokenize_on_the_prepare_command(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     argv = re.search(r"`python prepare_wikipedia.py ([^`]*)`", prepare)[1].split()
     assert exit_message([*argv, "--detokenize"]) == (  # the settings pass; the text is the user's to give
-        "error: cannot read my_text.txt: no such file or directory; HINT: check the path and its permissions")
+        "error: cannot read my_text.txt: no such file or directory")
     config, *flags = re.search(r"`python train.py ([^`]*)`", then)[1].split()
     train.get_config([os.path.join(REPO, config), *flags])
     with pytest.raises(ValueError, match="unknown key detokenize"):
@@ -591,7 +591,7 @@ def test_bad_byte_offset_counts_earlier_lines(tmp_path):
 
 def test_missing_input(tmp_path):
     message = exit_message(["--input", str(tmp_path / "nope.txt"), "--out_dir", str(tmp_path / "out")])
-    assert message == f"error: cannot read {tmp_path / 'nope.txt'}: no such file or directory; HINT: check the path and its permissions"
+    assert message == f"error: cannot read {tmp_path / 'nope.txt'}: no such file or directory"
     assert not (tmp_path / "out").exists()  # refused before --out_dir is made or the tokenizer loaded
 
 
@@ -755,7 +755,7 @@ def test_a_failed_rename_says_the_set_is_incomplete(tmp_path, monkeypatch):
     argv = ["--input", *paths, "--out_dir", str(out), "--threads", "1"]
     message = exit_message(argv)
     assert message == (f"error: cannot write {out / 'val.bin'}: no space left on device; "
-                       f"{out} is left without meta.json, an incomplete set that the next run redoes")
+                       f"{out} is left without meta.json: the next run redoes the set")
     # without meta.json, train.py cannot take the mixed set for a checked one
     assert outputs(out) == ["train.bin", "val.bin"] and (out / "val.bin").read_bytes() == earlier["val.bin"]
     monkeypatch.setattr(os, "replace", real_replace)
@@ -768,8 +768,7 @@ def test_an_unreadable_input_is_named(tmp_path, monkeypatch):
     paths = write_files(tmp_path, [ARTICLES[:5], ARTICLES[5:]])
     break_open(monkeypatch, "part1.txt", errno.EACCES)
     message = exit_message(["--input", *paths, "--out_dir", str(tmp_path / "out"), "--threads", "1"])
-    assert message == (f"error: cannot read {paths[1]}: permission denied; "
-                       "HINT: check the path and its permissions")  # not a write error of train.bin's temporary file
+    assert message == f"error: cannot read {paths[1]}: permission denied"  # not a write error of train.bin's temporary file
 
 
 # --------------------------------------------------------------------------- a small val
@@ -1351,7 +1350,7 @@ def test_a_cached_zip_with_other_bytes_is_refused_and_left_as_it_is(tmp_path, se
     zip_path.write_bytes(other)  # put there by the user, perhaps
     argv = ["--dataset", "wikitext103", "--out_dir", str(out), "--threads", "1"]
     assert exit_message(argv) == (f"error: {zip_path} has sha256 {sha256(other)}, not {sha256(data)}: not the file "
-                                  "expected; HINT: move it away (it is left as it is), and run again to download it")
+                                  "expected; HINT: move it away to download it again")
     assert zip_path.read_bytes() == other and server.log == []
     zip_path.unlink()
     pw.prepare_data(argv)
@@ -1375,8 +1374,8 @@ def test_a_zip_given_by_hand_is_checked(tmp_path, monkeypatch):
     argv = ["--zip", str(zip_path), "--out_dir", str(tmp_path / "out"), "--threads", "1"]
     message = exit_message(argv)  # checked against WikiText-103's published size and sha256
     assert message == (f"error: {zip_path} has {len(data):,} bytes, expected 191,984,949: not the published "
-                       "wikitext-103-raw-v1.zip; HINT: add --dataset=wikitext2 if it is WikiText-2's zip; unzip a "
-                       "zip of your own and give its files with --input")
+                       "wikitext-103-raw-v1.zip; HINT: add --dataset=wikitext2 for WikiText-2's, or give your own "
+                       "text with --input")
     assert zip_path.read_bytes() == data  # the user's file, left as it was
     assert exit_message(["--zip", str(tmp_path / "nope.zip")]).startswith(f"error: cannot read {tmp_path / 'nope.zip'}")
     publish(monkeypatch, "wikitext103", [], len(data), sha256(data))  # as if it were the published zip
@@ -1574,7 +1573,7 @@ LFS_POINTER_TEXT = (b"version https://git-lfs.github.com/spec/v1\noid sha256:"
                     b"size 178723194\n")
 
 
-POINTER_SENT = "the server sent a Git LFS pointer, not the file (its owner's LFS quota spent, or gone)"
+POINTER_SENT = "the server sent a Git LFS pointer, not the file"
 
 
 @pytest.mark.parametrize("answer, problem, no_length", [
