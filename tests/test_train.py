@@ -141,6 +141,16 @@ def test_a_resume_names_the_settings_that_differ_and_holds_no_checkpoint(data_di
     assert loaded and alive == [0, 0]
 
 
+def test_a_temporary_file_of_a_killed_write_is_removed_by_the_next_run(data_dir, tmp_path):
+    # a process killed (SIGKILL, a lost node) while it wrote ckpt.pt leaves ckpt.pt.tmp behind
+    out_dir = tmp_path / "run"
+    argv = run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)
+    assert train.main(argv) == 0
+    (out_dir / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
+    assert train.main(argv + ["--init_from=resume", "--max_iters=3"]) == 0
+    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl", "train.lock"]
+
+
 def test_a_run_says_how_it_ended(data_dir, tmp_path, capsys):
     out_dir = tmp_path / "run"
     argv = run_argv(data_dir, out_dir, max_iters=2, eval_interval=2)
