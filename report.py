@@ -154,8 +154,7 @@ def plot(runs, path):
 @configurator.script
 def main(argv):
     out_dirs, rest = configurator.take_words(argv)
-    rest = ["--plot=losses.png" if arg == "--plot" else arg  # --plot alone
-            for arg in configurator.normalize(rest)]
+    rest = ["--plot=losses.png" if arg == "--plot" else arg for arg in rest]  # --plot alone
     config = configurator.settings(rest, DEFAULTS)
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, config))
