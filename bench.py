@@ -47,8 +47,7 @@ def parse_args(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
     flags = [arg for arg in argv if arg.startswith("--")]
     overrides = configurator.parse(flags)[1]
-    bench = configurator.merge(BENCH_DEFAULTS, {}, {key: text for key, text in overrides.items()
-                                                    if key in BENCH_DEFAULTS})
+    bench = configurator.own_settings(overrides, BENCH_DEFAULTS)
     impls = bench["impl"].split(",")
     modes = [f"--{mode}" for mode in MODES if bench[mode]]
     if len(modes) > 1:

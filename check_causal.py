@@ -74,10 +74,6 @@ def config_files(argv):
     return [arg for arg in argv if arg.endswith(".py") and not arg.startswith("--")]
 
 
-def own_flags(overrides, defaults):
-    return {key: text for key, text in overrides.items() if key in defaults}
-
-
 def check_least(options):
     for key, least in LEAST.items():
         if key in options and options[key] < least:
@@ -91,7 +87,7 @@ def parse_args(argv):
         raise ConfigError("give one config file, e.g. "
                           "`python check_causal.py config/future50_mse.py`")
     _, overrides = configurator.parse(argv)
-    options = configurator.merge(CHECK_DEFAULTS, {}, own_flags(overrides, CHECK_DEFAULTS))
+    options = configurator.own_settings(overrides, CHECK_DEFAULTS)
     check_least(options)
     # the config file alone (in the flags' model_type), to say what the checks changed
     model_type = [f"--model_type={overrides['model_type']}"] if "model_type" in overrides else []
@@ -627,7 +623,7 @@ def judge(leak, options, probe_model, seed):
 def usage(argv):
     """The docstring and both modes' keys, with the values the rest of argv gives."""
     overrides = configurator.parse(argv)[1]
-    keys = [configurator.merge(defaults, {}, own_flags(overrides, defaults))
+    keys = [configurator.own_settings(overrides, defaults)
             for defaults in (CHECK_DEFAULTS, MODEL_DEFAULTS)]
     return (configurator.usage(__doc__, keys[0]) + "\nand every key of train.py\n\n"
             + configurator.usage("With --model=MODULE:FACTORY instead of a config file:", keys[1]))

@@ -217,6 +217,11 @@ def merge(defaults, files, overrides, script_keys=()):
     return config
 
 
+def own_settings(overrides, defaults):
+    """The settings of a script's own keys among overrides, whose other keys are train.py's."""
+    return merge(defaults, {}, {key: text for key, text in overrides.items() if key in defaults})
+
+
 def settings(argv, defaults, script_keys=()):
     """The config of a script with keys of its own only: its defaults, changed by argv."""
     return merge(defaults, *parse(argv), script_keys)

@@ -66,10 +66,9 @@ def parse_command_line(argv):
     """(the study's settings, the config files, train.py's flags)."""
     config_paths = [arg for arg in argv if arg.endswith(".py") and not arg.startswith("-")]
     overrides = configurator.parse([arg for arg in argv if arg not in config_paths])[1]
-    ours = {key: text for key, text in overrides.items() if key in STUDY_DEFAULTS}
     flags = [f"--{key}" if text is None else f"--{key}={text}"
              for key, text in overrides.items() if key not in STUDY_DEFAULTS]
-    return configurator.merge(STUDY_DEFAULTS, {}, ours), config_paths, flags
+    return configurator.own_settings(overrides, STUDY_DEFAULTS), config_paths, flags
 
 
 def plan_runs(config_paths, seeds, out_root, flags):

@@ -152,3 +152,10 @@ def test_plain_words_are_taken_apart_from_the_flags(argv, words, rest):
     assert configurator.take_words(argv) == (words, rest)
     config = configurator.settings([arg for arg in rest if not arg.endswith(".py")], dict(plot=False, out="", grid=6))
     assert config["out"] in ("", "x.png") and config["grid"] in (3, 6)
+
+
+def test_a_scripts_own_keys_are_taken_from_flags_that_are_also_train_pys():
+    overrides = configurator.parse(["--iters", "7", "--batch_size=3", "--memory"])[1]
+    assert configurator.own_settings(overrides, dict(iters=20, memory=False)) == dict(iters=7, memory=True)
+    with pytest.raises(ConfigError, match="--iters=seven: expected an integer"):
+        configurator.own_settings({"iters": "seven"}, dict(iters=20))
