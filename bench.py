@@ -6,18 +6,25 @@ keys below; one mode at a time. docs/performance.md explains each mode.
     python bench.py config/future50_mse.py --batch_size=4
     python bench.py config/baseline.py config/future50_mse.py --compare --impl=readable,fast
     python bench.py --gpu_report    # on a GPU: writes out-bench/gpu_report.md
+    python bench.py --gpu_report=report.md --device=cpu   # its rehearsal on a CPU, in seconds
 """
 
+import importlib.metadata
+import math
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
+import traceback
 from itertools import repeat
+from unittest import mock
 
 import torch
 
 import configurator
+import model_future_attn
 import train
 from configurator import ConfigError, UserError
 
@@ -31,13 +38,15 @@ BENCH_DEFAULTS = dict(
     splits="",  # e.g. '50x16,200x4': batch_size x gradient_accumulation_steps, one product
     profile=0,  # steps traced by torch.profiler after the warm-up (a bare --profile: 5)
     memory=False,  # the peak memory of a step above its start
-    gpu_report="",  # on a CUDA GPU: the write-ups' models measured into this markdown file
-    budget_s=420,  # --gpu_report starts no measurement after this many seconds
+    gpu_report="",  # the write-ups' models measured into this markdown file (a CPU rehearses)
+    budget_s=300,  # --gpu_report starts no measurement that would end after this many seconds
+    commit="",  # --gpu_report: the commit measured, for a copy of the code without .git
 )
 MODES = ("compare", "explain", "sweep_block_size", "splits", "profile", "memory", "gpu_report")
 BARE = {"--profile": "--profile=5", "--gpu_report": "--gpu_report=out-bench/gpu_report.md"}
 GPU_REPORT_CONFIGS = ("baseline", "future50_mse", "encdec_mse_possub")
 GPU_REPORT_SPLITS = "50x16,200x4,800x1,100x8,400x2"
+REHEARSAL_SPLITS = "2x16,8x4,32x1,4x8,16x2"  # the same accumulations over 32 sequences
 GPU_REPORT_PROFILED = ("baseline", "future_attn")
 
 
@@ -58,11 +67,17 @@ def parse_args(argv):
         configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
         paths = [os.path.join(configs, f"{name}.py") for name in GPU_REPORT_CONFIGS]
         bench.update(splits=GPU_REPORT_SPLITS, profile=2)
+    elif bench["commit"]:
+        raise ConfigError("--commit names the commit of a --gpu_report")
     if bench["splits"]:
         parse_splits(bench["splits"])  # its mistakes, before anything is built
     runs = []
     for path in paths or [None]:
         config = train.get_config(([path] if path else []) + flags, script_keys=BENCH_DEFAULTS)
+        bench["rehearsal"] = bool(bench["gpu_report"]) and config["device"] == "cpu"
+        if bench["rehearsal"]:  # the same plan, in seconds
+            config = rehearsal_config(config)
+            bench.update(splits=REHEARSAL_SPLITS, warmup=1, iters=2, profile=1)
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise ConfigError("impl=flex needs --device=cuda: no backward on a CPU")
@@ -242,45 +257,190 @@ def peak_memory(run, bench):
 
 
 # ----------------------------------------
-# --gpu_report: the write-ups' models on a GPU, within a time budget
+# --gpu_report: the write-ups' models on a GPU within a time budget, or its rehearsal on a CPU
 
 
-def gpu_report(runs, bench, machine):
-    """Measures each config at its own split, the profiles of GPU_REPORT_PROFILED's model types
-    there, then the other splits; starts nothing once bench['budget_s'] is spent; writes the
-    report after each measurement."""
+def rehearsal_config(config):
+    """config shrunk so that a CPU takes a step in a fraction of a second, with its model type,
+    options and heads kept: 2 layers (per stack), a 32-token context with future_dim scaled to
+    it, 256 words, 4 dimensions per head (of cross-attention's heads too)."""
+    heads = [config["n_head"]]
+    if config["model_type"] == "encdec":
+        heads.append(config["cross_n_head"] or 2 * config["n_head"])
+    small = dict(n_layer=2, block_size=32, vocab_size=256, n_embd=4 * math.lcm(*heads))
+    if config["model_type"] == "future_attn":
+        # 50 of the 199 later positions stay about a quarter of them: 8 of 31
+        share = config["future_dim"] / (config["block_size"] - 1)
+        small["future_dim"] = max(1, round(share * (small["block_size"] - 1)))
+    return dict(config, **small)
+
+
+def attention_that_runs(run):
+    """Which attention computes the model's training forward pass: for future attention the
+    version FutureAttention.forward picks ('flex', 'fast' or 'readable'), seen in one eager pass
+    over one sequence; the others call F.scaled_dot_product_attention ('sdpa')."""
+    if run["config"]["model_type"] != "future_attn":
+        return "sdpa"
+    kernels, chosen = model_future_attn.kernels, []
+    if kernels is None:  # no kernels file: the readable version
+        return "readable"
+    choose = kernels.choose
+
+    def choose_and_note(*args):
+        chosen.append(choose(*args))
+        return chosen[-1]
+
+    with mock.patch.object(kernels, "choose", choose_and_note), torch.no_grad(), run["autocast"]:
+        run["model"](run["x"][:1], run["y"][:1])
+    return ", ".join(sorted(set(chosen))) or "readable"
+
+
+def failure(error):
+    """An exception in one line for the report (its traceback goes to the console)."""
+    traceback.print_exc()
+    first_line = (str(error).strip().splitlines() or [""])[0][:160]
+    return f"failed: {type(error).__name__}: {first_line}".replace("|", "/")
+
+
+def measure(label, config, impl, split, bench):
+    """A row of the report for one config at one split, and the run (None if it failed). A
+    failure of any kind is the row's result, so that the measurements after it still run."""
+    b, k = split
+    dtype = train.autocast_for(config["dtype"], torch.device(config["device"]).type)[0]
+    row = dict(config=label, attention="-", dtype=dtype, compile=config["compile"],
+               split=f"{b} × {k}")
+    try:
+        run = build(label, dict(config, batch_size=b, gradient_accumulation_steps=k), impl)
+        row["attention"] = attention_that_runs(run)
+        time_runs([run], bench)
+    except Exception as e:  # any failure is a result to report
+        return dict(row, failed=failure(e)), None
+    seconds = statistics.median(run["times"])
+    tokens = b * k * config["block_size"]
+    mfu = bench["peak_flops"] and run["model"].estimate_mfu(b * k, seconds, bench["peak_flops"])
+    row.update(ms_per_micro_step=seconds * 1000 / k, ms_per_step=seconds * 1000,
+               tokens_per_s=tokens / seconds, mfu=mfu, peak_mib=run["peak_memory"] / 2**20)
+    return row, run
+
+
+def expected_seconds(what, label, costs, bench):
+    """How long a measurement should take by those made so far (None: nothing to go by): a
+    timing, its config's build and compile and its steps; a profile, its steps, twice (the
+    profiler slows the host); a config not yet timed, the longest timing so far."""
+    steps = bench["warmup"] + (bench["profile"] if what == "profile" else bench["iters"])
+    if label in costs:
+        setup = 0 if what == "profile" else costs[label]["setup"]
+        return setup + steps * costs[label]["step"] * (2 if what == "profile" else 1)
+    totals = [cost["setup"] + steps * cost["step"] for cost in costs.values()]
+    return max(totals) if totals else None
+
+
+def command_output(command):
+    """The first line a command prints, or 'unknown' where it cannot run."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def machine_facts(device, commit):
+    """What ran where: the report's header."""
+    cuda = device.startswith("cuda")
+    name = torch.cuda.get_device_name(device) if cuda else f"{device}, {os.cpu_count()} cores"
+    driver = "-"
+    if cuda:
+        driver = command_output(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"])
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "not installed"
+    if not commit:  # from git, where the code is a clone
+        repository = os.path.dirname(os.path.abspath(__file__))
+        commit = command_output(["git", "-C", repository, "describe", "--always", "--dirty"])
+    return {"device": name, "driver": driver, "torch": torch.__version__,
+            "CUDA": torch.version.cuda or "-", "Triton": triton, "commit": commit}
+
+
+def report_markdown(facts, bench, rows, profiles, not_measured):
+    """The report: its header, a table row per timing, what was not measured, the profiles."""
+    lines = ["# bench.py --gpu_report", ""]
+    if bench["rehearsal"]:
+        lines += ["**A rehearsal on a CPU: not a measurement.** The same plan, every config "
+                  "shrunk to seconds (bench.rehearsal_config).", ""]
+    lines += ["| | |", "| --- | --- |", *[f"| {key} | {value} |" for key, value in facts.items()],
+              f"| steps | the median of {bench['iters']} after {bench['warmup']} of warm-up |",
+              f"| budget | {bench['budget_s']} s |", ""]
+    head = ["config", "attention", "dtype", "compiled", "batch × accumulation", "ms per micro-step",
+            "ms per step", "tokens/s", "MFU", "peak memory", "seconds, compile included"]
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        cells = [row["config"], row["attention"], row["dtype"], "yes" if row["compile"] else "no",
+                 row["split"]]
+        if "failed" in row:
+            cells += [row["failed"], "", "", "", ""]
+        else:
+            mfu = f"{row['mfu'] * 100:.1f}%" if row["mfu"] else "-"
+            peak = f"{row['peak_mib']:,.0f} MiB" if row["peak_mib"] else "-"
+            cells += [f"{row['ms_per_micro_step']:.2f}", f"{row['ms_per_step']:.1f}",
+                      f"{row['tokens_per_s']:,.0f}", mfu, peak]
+        lines.append("| " + " | ".join(cells + [f"{row['seconds']:.0f}"]) + " |")
+    lines += ["", f"Not measured: {'; '.join(not_measured) or 'nothing'}."]
+    for title, text in profiles:
+        lines += ["", f"## Profile: {title}", "", "```", text, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_report(runs, bench, facts):
+    """Measures each config at its own split, then profiles GPU_REPORT_PROFILED's model types
+    there, then times the other splits; starts no measurement that the ones before it say will
+    not end within bench['budget_s']; writes the whole report after each measurement."""
     own, *larger = parse_splits(bench["splits"])
-    path, sections, kept = bench["gpu_report"], [], {}
     plan = ([("time", run, own) for run in runs]
             + [("profile", run, own) for run in runs if run[1]["model_type"] in GPU_REPORT_PROFILED]
             + [("time", run, split) for split in larger for run in runs])
+    path = bench["gpu_report"]
+    rows, profiles, not_measured, costs, compiled = [], [], [], {}, {}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     started = time.monotonic()
-    for index, (what, (label, config, impl), (b, k)) in enumerate(plan):
-        if time.monotonic() - started >= bench["budget_s"]:
-            break
-        measure_started, name = time.monotonic(), f"{label} {b}x{k}"
-        if what == "profile":
-            text = profile(kept.pop(label), bench) if label in kept else "out of memory"
+    for what, (label, config, impl), split in plan:
+        name = f"{what} {label} {split[0]}x{split[1]}"
+        left = bench["budget_s"] - (time.monotonic() - started)
+        expected = expected_seconds(what, label, costs, bench)
+        measure_started = time.monotonic()
+        if expected is not None and expected > left:
+            not_measured.append(f"{name} (about {expected:.0f} s, {max(left, 0):.0f} s left)")
+        elif what == "profile" and label not in compiled:
+            not_measured.append(f"{name} (its timing failed)")
+        elif what == "profile":
+            try:
+                text = profile(compiled.pop(label), bench)
+            except Exception as e:  # any failure is a result to report
+                text = failure(e)
+            profiles.append((name, text))
         else:
-            if (b, k) != own:
-                kept.clear()  # the profiles are done
-                torch._dynamo.reset()  # as time_shapes does
-            changes = dict(batch_size=b, gradient_accumulation_steps=k)
-            run = time_one(name, dict(config, **changes), impl, bench)
-            text = run["line"] if run else f"{name}: out of memory"
-            if run and (b, k) == own and config["model_type"] in GPU_REPORT_PROFILED:
-                kept[label] = run  # compiled, for its profile
-        seconds = time.monotonic() - measure_started
-        sections.append(f"{what} {name} ({seconds:.0f} s, compile included):\n{text}")
-        left = ", ".join(f"{what} {label} {b}x{k}"
-                         for what, (label, _, _), (b, k) in plan[index + 1:])
-        markdown = (f"# bench.py --gpu_report\n\n{machine}; the median of {bench['iters']} steps "
-                    f"after {bench['warmup']} of warm-up\n\n```\n" + "\n\n".join(sections)
-                    + f"\n```\n\nNot measured within {bench['budget_s']} s: {left or 'nothing'}\n")
-        train.write_atomically(path, lambda f: f.write(markdown.encode()))
-        print(f"wrote {path}")
+            if split != own:
+                compiled.clear()  # the profiles are done
+                torch._dynamo.reset()  # a fresh compile per shape, as time_shapes does
+            row, run = measure(label, config, impl, split, bench)
+            row["seconds"] = time.monotonic() - measure_started
+            rows.append(row)
+            result = row.get("failed") or f"{row['ms_per_step']:.1f} ms per step"
+            print(f"{name}: {result}")
+            if run and split == own:
+                steps = bench["warmup"] + bench["iters"]
+                step_s = statistics.median(run["times"])
+                costs[label] = dict(step=step_s, setup=max(row["seconds"] - steps * step_s, 0))
+                if config["model_type"] in GPU_REPORT_PROFILED:
+                    compiled[label] = run  # compiled already, for its profile
+        write_report(path, report_markdown(facts, bench, rows, profiles, not_measured))
     return 0
+
+
+def write_report(path, markdown):
+    train.write_atomically(path, lambda f: f.write(markdown.encode()))
+    print(f"wrote {path}")
 
 
 @configurator.script
@@ -290,33 +450,34 @@ def main(argv):
         print(configurator.usage(__doc__, bench))
         return 0
     device = runs[0][1]["device"]
-    cuda = device.startswith("cuda")
-    if bench["gpu_report"] and not cuda:
-        raise UserError(f"--gpu_report measures a CUDA GPU: run it on one, not on {device}")
+    if bench["gpu_report"] and not (device.startswith("cuda") or bench["rehearsal"]):
+        raise UserError(f"--gpu_report measures a CUDA GPU, or rehearses on a CPU: not {device}")
+    train.use_device(device)  # cuda:N, before anything is built there
     bench["peak_flops"] = train.peak_flops(device)
-    machine = f"{torch.cuda.get_device_name(device) if cuda else device}, torch {torch.__version__}"
-    print(machine)
-    if bench["gpu_report"]:
-        return gpu_report(runs, bench, machine)
-    if bench["sweep_block_size"] or bench["splits"]:
+    facts = machine_facts(device, bench["commit"])
+    print(", ".join(f"{key} {value}" for key, value in facts.items()))
+    with train.tf32_matmuls():  # as in a run of train.py, for this measurement alone
+        if bench["gpu_report"]:
+            return gpu_report(runs, bench, facts)
+        if bench["sweep_block_size"] or bench["splits"]:
+            for run in runs:
+                time_shapes(*run, bench)
+            return 0
+        runs = [build(*run) for run in runs]
+        if bench["compare"]:
+            time_runs(runs, bench)
         for run in runs:
-            time_shapes(*run, bench)
-        return 0
-    runs = [build(*run) for run in runs]
-    if bench["compare"]:
-        time_runs(runs, bench)
-    for run in runs:
-        if bench["explain"]:
-            explain(run)
-        elif bench["profile"]:
-            profile(run, bench)
-        elif bench["memory"]:
-            peak_memory(run, bench)
-        elif bench["compare"]:
-            report(run, bench, first=runs[0])
-        else:
-            time_runs([run], bench)
-            report(run, bench)
+            if bench["explain"]:
+                explain(run)
+            elif bench["profile"]:
+                profile(run, bench)
+            elif bench["memory"]:
+                peak_memory(run, bench)
+            elif bench["compare"]:
+                report(run, bench, first=runs[0])
+            else:
+                time_runs([run], bench)
+                report(run, bench)
     return 0
 
 

@@ -128,6 +128,7 @@ def sample(config):
     print(provenance(path, checkpoint), file=sys.stderr)
     del checkpoint
     device = config["device"]
+    train.use_device(device)  # before autocast_for reads its bf16 support
     _, autocast = autocast_for(config["dtype"], torch.device(device).type)
     model.eval().to(device)
     if config["compile"]:

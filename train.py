@@ -181,6 +181,25 @@ def autocast_for(dtype, device_type):
     return dtype, torch.autocast(device_type, dtype=getattr(torch, dtype))
 
 
+@contextmanager
+def tf32_matmuls():
+    """TF32 for a GPU's float32 matmuls while a run or a benchmark lasts, then as it was, so
+    that float32 kernels tested later in the same process stay float32."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def use_device(device):
+    """Makes a CUDA device current: what is made without naming one (CUDA random states, pinned
+    copies, bf16's support) is then its own, not cuda:0's."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+
+
 def peak_flops(device):
     """The GPU's peak FLOP/s, or None (no MFU)."""
     name = torch.cuda.get_device_name(device).lower() if device.startswith("cuda") else ""
@@ -688,8 +707,6 @@ def build(config, rank, batch_generator):
         if dist.is_initialized():
             dist.broadcast_object_list(shared, src=0)
         checkpoint = shared[0]
-    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on a GPU
-    torch.backends.cudnn.allow_tf32 = True
     device_type = torch.device(config["device"]).type
     model = build_model(config["model_type"], model_args_of(config)).to(config["device"])
     optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
@@ -833,15 +850,13 @@ def train(config):
     device = config["device"]
     if ddp and device.startswith("cuda"):
         device = f"cuda:{os.environ['LOCAL_RANK']}"  # each process of a node its own GPU
-    if device.startswith("cuda"):
-        # the current device, which the CUDA random states that a checkpoint saves and the pinned
-        # copies of the batches belong to: without it, they are cuda:0's
-        torch.cuda.set_device(device)
+    use_device(device)
     if ddp:
         dist.init_process_group(backend=config["backend"] if "cuda" in device else "gloo")
     dtype = autocast_for(config["dtype"], torch.device(device).type)[0]
     config = dict(config, device=device, dtype=dtype)  # logged and saved as resolved
     with ExitStack() as cleanup:  # what the run holds, let go however it ends
+        cleanup.enter_context(tf32_matmuls())
         if ddp:
             cleanup.callback(dist.destroy_process_group)
         if config["eval_only"]:

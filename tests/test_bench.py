@@ -205,82 +205,140 @@ def test_flags_as_key_space_value(capsys):
 
 def test_gpu_report_arguments(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the configs are the repository's, wherever it runs
-    settings, runs = bench.parse_args(["--gpu_report"])
-    assert settings["gpu_report"] == "out-bench/gpu_report.md" and settings["budget_s"] == 420
-    assert bench.parse_splits(settings["splits"]) == [(50, 16), (200, 4), (800, 1), (100, 8), (400, 2)]
+    monkeypatch.setattr(train, "check_device", lambda device: None)  # as on a GPU
+    settings, runs = bench.parse_args(["--gpu_report", "--device=cuda"])
+    assert settings["gpu_report"] == "out-bench/gpu_report.md" and settings["budget_s"] == 300
     assert [label for label, _, _ in runs] == ["baseline", "future50_mse[auto]", "encdec_mse_possub"]
-    for _, config, _ in runs:  # the write-ups' own split comes first
-        assert (config["batch_size"], config["gradient_accumulation_steps"]) == (50, 16)
-    settings, runs = bench.parse_args(["--gpu_report", "mine.md", "--budget_s", "60", "--n_layer=3"])
-    assert settings["gpu_report"] == "mine.md" and settings["budget_s"] == 60
+    settings, runs = bench.parse_args(["--gpu_report", "mine.md", "--budget_s", "60", "--n_layer=3", "--commit=abc123",
+                                       "--device=cuda"])
+    assert settings["gpu_report"] == "mine.md" and settings["budget_s"] == 60 and settings["commit"] == "abc123"
     assert all(config["n_layer"] == 3 for _, config, _ in runs)  # train.py's flags go to every config
+
+
+def test_gpu_report_on_a_gpu_measures_the_writeups_own_shapes(monkeypatch):
+    # the configs as a GPU measures them, whatever this machine has: their own sizes, 50 x 16 first
+    monkeypatch.setattr(train, "check_device", lambda device: None)
+    settings, runs = bench.parse_args(["--gpu_report", "--device=cuda"])
+    assert not settings["rehearsal"] and (settings["warmup"], settings["iters"]) == (5, 20)
+    assert bench.parse_splits(settings["splits"]) == [(50, 16), (200, 4), (800, 1), (100, 8), (400, 2)]
+    for (_, config, _), name in zip(runs, bench.GPU_REPORT_CONFIGS):
+        assert config == train.get_config([f"{REPO}/config/{name}.py", "--device=cuda"])
+
+
+def test_the_rehearsal_shrinks_every_config_and_keeps_its_options():
+    settings, runs = bench.parse_args(["--gpu_report", "--device=cpu"])
+    assert settings["rehearsal"] and (settings["warmup"], settings["iters"], settings["profile"]) == (1, 2, 1)
+    # the same micro-steps per optimizer step as the GPU's splits, of 32 sequences in all
+    assert [k for _, k in bench.parse_splits(settings["splits"])] == [16, 4, 1, 8, 2]
+    assert {b * k for b, k in bench.parse_splits(settings["splits"])} == {32}
+    for (_, config, _), name in zip(runs, bench.GPU_REPORT_CONFIGS):
+        full = train.get_config([f"{REPO}/config/{name}.py", "--device=cpu"])
+        changed = {key for key in config if config[key] != full[key]}
+        assert changed <= {"n_layer", "n_embd", "block_size", "vocab_size", "future_dim"}
+        assert (config["n_layer"], config["block_size"], config["vocab_size"]) == (2, 32, 256)
+        train.model_args_of(config)  # a model the config's checks accept
+    future = runs[1][1]
+    assert future["future_dim"] == 8  # 50 of 199 later positions, 8 of 31
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--gpu_report", "config/baseline.py"], "--gpu_report times the write-ups' configs: give none"),
     (["--gpu_report", "--splits=4x2"], "--splits and --gpu_report do not go together: pick one"),
+    ([*SMALL, "--commit=abc123"], "--commit names the commit of a --gpu_report"),
 ])
 def test_gpu_report_bad_arguments_are_one_line(argv, message, capsys):
     assert bench.main(argv) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
-def test_gpu_report_refuses_a_device_other_than_cuda(tmp_path, capsys):
-    assert bench.main([f"--gpu_report={tmp_path / 'report.md'}", "--device=cpu"]) == 1
-    assert capsys.readouterr() == ("", "error: --gpu_report measures a CUDA GPU: run it on one, not on cpu\n")
+def test_gpu_report_refuses_a_device_that_is_neither_cuda_nor_a_cpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # an Apple GPU
+    assert bench.main([f"--gpu_report={tmp_path / 'report.md'}", "--device=mps"]) == 1
+    assert capsys.readouterr().err == "error: --gpu_report measures a CUDA GPU, or rehearses on a CPU: not mps\n"
     assert not (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("budget_s, measured", [(420, 3), (1000, 5)])
-def test_gpu_report_measures_in_order_of_value_within_its_budget(budget_s, measured, tmp_path, monkeypatch):
-    # a fake GPU: each measurement "takes" 200 s of a patched clock
-    path = tmp_path / "out" / "report.md"
-    settings, runs = bench.parse_args([f"--gpu_report={path}", f"--budget_s={budget_s}", "--device=cpu"])
+def fake_measurements(monkeypatch, path, seconds):
+    """Measurements that "take" seconds[what] of a patched clock, steps of 1 s; returns the names
+    of those started, and checks that the report on disk holds all those before each one."""
     clock, started = [0.0], []
 
-    def measuring(what, label, run=None):
-        if started:  # the report holds every measurement before this one
-            assert path.read_text().count(" s, compile included):") == len(started)
-        started.append(f"{what} {label}")
-        clock[0] += 200
-        return run
+    def measuring(what, label, split):
+        if started:  # every measurement before this one is in the report on disk
+            assert len(re.findall(r"^(\| [\w\[\]]+ \| sdpa|## Profile)", path.read_text(), re.MULTILINE)) == len(started)
+        started.append(f"{what} {label} {split[0]}x{split[1]}")
+        clock[0] += seconds[what]
+
+    def measure(label, config, impl, split, settings):
+        measuring("time", label, split)
+        run = dict(label=label, times=[1.0] * settings["iters"])
+        row = dict(config=label, attention="sdpa", dtype="bfloat16", compile=True, split="b × k",
+                   ms_per_micro_step=1.0, ms_per_step=1.0, tokens_per_s=1.0, mfu=None, peak_mib=0)
+        return row, run
 
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(bench, "time_one", lambda label, config, impl, s: measuring("time", label, dict(label=label, line=f"{label} timed")))
-    monkeypatch.setattr(bench, "profile", lambda run, s: measuring("profile", run["label"], f"{run['label']} table"))
-    assert bench.gpu_report(runs, settings, "a fake GPU") == 0
-    order = ["time baseline 50x16", "time future50_mse[auto] 50x16", "time encdec_mse_possub 50x16",
-             "profile baseline 50x16", "profile future50_mse[auto] 50x16",
-             "time baseline 200x4", "time future50_mse[auto] 200x4", "time encdec_mse_possub 200x4"]
-    assert started == order[:measured]  # none started once 420 s (or 1000 s) were spent
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "profile", lambda run, s: measuring("profile", run["label"], (50, 16)) or "a table")
+    return started
+
+
+TIMINGS = ["time baseline 50x16", "time future50_mse[auto] 50x16", "time encdec_mse_possub 50x16"]
+PROFILES = ["profile baseline 50x16", "profile future50_mse[auto] 50x16"]
+LARGER = ["time baseline 200x4", "time future50_mse[auto] 200x4"]
+
+
+@pytest.mark.parametrize("budget_s, measured, first_not_measured", [
+    # each timing "takes" 60 s: 35 s to build and compile, then 25 steps of 1 s; a profile 7 s (5 +
+    # 2 steps). 3 timings and 2 profiles end at 194 s, a timing more at 254 s: it fits 300 s, and
+    # then none does (60 s, 46 s left). With 150 s the third timing does not fit, the profiles do.
+    (300, TIMINGS + PROFILES + LARGER[:1], LARGER[1]),
+    (330, TIMINGS + PROFILES + LARGER, "time encdec_mse_possub 200x4"),
+    (150, TIMINGS[:2] + PROFILES, TIMINGS[2]),
+])
+def test_gpu_report_starts_no_measurement_it_expects_to_end_past_its_budget(budget_s, measured, first_not_measured,
+                                                                              tmp_path, monkeypatch):
+    path = tmp_path / "out" / "report.md"
+    settings, runs = bench.parse_args([f"--gpu_report={path}", f"--budget_s={budget_s}", "--device=cpu"])
+    settings.update(rehearsal=False, warmup=5, iters=20, profile=2, splits=bench.GPU_REPORT_SPLITS)
+    started = fake_measurements(monkeypatch, path, dict(time=60, profile=7))
+    assert bench.gpu_report(runs, settings, dict(device="a fake GPU")) == 0
+    assert started == measured
     text = path.read_text()
-    assert re.findall(r"^(.*) \(200 s, compile included\):$", text, re.MULTILINE) == order[:measured]
-    assert f"Not measured within {budget_s} s: {order[measured]}, " in text
+    timings = [name for name in measured if name.startswith("time")]
+    assert len(re.findall(r"^\| [\w\[\]]+ \| sdpa", text, re.MULTILINE)) == len(timings)  # their rows
+    assert f"Not measured: {first_not_measured} (about 60 s, " in text
 
 
-def test_gpu_report_skips_a_split_out_of_memory_and_profiles_the_timed_model(tmp_path, monkeypatch):
-    # the whole mode on a CPU with a small model: 8 sequences at once run "out of memory"
-    settings, runs = bench.parse_args([*SMALL, "--splits=2x4,8x1", "--warmup=1", "--iters=2"])
-    settings.update(gpu_report=str(tmp_path / "out" / "report.md"), profile=1, peak_flops=None)
-    build, built = bench.build, []
+def test_the_rehearsal_writes_the_gpus_report_and_goes_on_past_a_failed_measurement(tmp_path, monkeypatch, capsys):
+    # the one command a GPU runs, on a CPU in seconds; one measurement made to fail as a GPU's
+    # compile or kernel can, with an error that is not "out of memory"
+    build = bench.build
 
-    def build_within_memory(label, config, impl):
-        built.append(label)
-        if config["batch_size"] == 8:
-            raise torch.OutOfMemoryError("CUDA out of memory")
+    def build_failing_once(label, config, impl):
+        if label.startswith("future50_mse") and config["gradient_accumulation_steps"] == 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore | lines")
         return build(label, config, impl)
 
-    monkeypatch.setattr(bench, "build", build_within_memory)
-    assert bench.gpu_report(runs, settings, "a CPU") == 0
-    assert built == ["tiny_cpu 2x4", "tiny_cpu 8x1"]  # the profile took the timed model
-    text = (tmp_path / "out" / "report.md").read_text()
-    sections = re.findall(r"^(\w+ tiny_cpu \dx\d) \(\d+ s, compile included\):\n(.*)$", text, re.MULTILINE)
-    assert [title for title, _ in sections] == ["time tiny_cpu 2x4", "profile tiny_cpu 2x4", "time tiny_cpu 8x1"]
-    assert re.match(r"tiny_cpu 2x4 +[\d.]+ ms/iter", sections[0][1])
-    assert "tiny_cpu 2x4: " in sections[1][1] and "Self CPU" in text
-    assert sections[2][1] == "tiny_cpu 8x1: out of memory"
-    assert text.startswith("# bench.py --gpu_report\n\na CPU; the median of 2 steps after 1 of warm-up")
-    assert text.endswith("Not measured within 420 s: nothing\n")
+    monkeypatch.setattr(bench, "build", build_failing_once)
+    path = tmp_path / "out" / "report.md"
+    assert bench.main([f"--gpu_report={path}", "--device=cpu", "--commit=abc123"]) == 0
+    text = path.read_text()
+    assert "**A rehearsal on a CPU: not a measurement.**" in text
+    assert f"| torch | {torch.__version__} |" in text and "| commit | abc123 |" in text
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| float32 \| no \| (\d+) × (\d+) \| (.*) \| [\d.]+ \|$", text, re.MULTILINE)
+    expected = [("baseline", "sdpa"), ("future50_mse[auto]", "fast"), ("encdec_mse_possub", "sdpa")] * 5
+    expected[4] = ("future50_mse[auto]", "-")  # failed before it ran
+    assert [(name, attention) for name, attention, *_ in rows] == expected
+    assert [(int(b), int(k)) for _, _, b, k, _ in rows] == [split for split in bench.parse_splits(bench.REHEARSAL_SPLITS) for _ in range(3)]
+    failed = rows[4][4]  # future attention at 8 x 4: its one line, and the rest measured after it
+    assert failed.startswith("failed: RuntimeError: CUDA error: an illegal memory access was encountered |")
+    for _, _, b, k, cells in rows[:4] + rows[5:]:
+        micro_ms, step_ms, tokens_per_s, mfu, peak = cells.split(" | ")
+        assert float(step_ms) == pytest.approx(float(micro_ms) * int(k), rel=0.01)
+        assert float(tokens_per_s.replace(",", "")) == pytest.approx(int(b) * int(k) * 32 / float(step_ms) * 1000, rel=0.01)
+    assert re.findall(r"^## Profile: profile (\S+) 2x16$", text, re.MULTILINE) == ["baseline", "future50_mse[auto]"]
+    assert "Not measured: nothing." in text
+    assert "Traceback" in capsys.readouterr().err  # the whole failure on the console
 
 
 # ----------------------------------------

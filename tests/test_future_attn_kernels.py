@@ -8,9 +8,12 @@ version's own tests are in test_models.py.
 future_attention is the reference: future_attention_fast must give the same out,
 out_future, out_future_star, losses and gradients (float32 tolerance), and a GPT must give
 the same logits, losses and gradients whichever version runs; the fast path must
-be causal. future_attention_flex is checked forward only on a CPU (FlexAttention has no
-backward there); on a machine with a CUDA GPU the tests marked `cuda` also check its
-gradients, its compiled bf16 training step and its causality. Run:
+be causal. future_attention_flex is traced into one graph on a CPU, forward and backward, and
+compared with the readable version there (its backward computed by torch's reference code,
+which FlexAttention's CPU guard otherwise refuses); on a machine with a CUDA GPU the tests marked
+`cuda` also check its Triton kernels' gradients, its compiled bf16 training step and its
+causality. Every test here runs with TF32 off: they compare float32 kernels at float32
+tolerances. Run:
 python -m pytest -q test_future_attn_kernels.py
 """
 
@@ -34,6 +37,22 @@ from lib import future_attn_kernels as kernels
 TOL = dict(rtol=1e-4, atol=2e-5)  # float32: the two paths sum in different orders
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+@pytest.fixture(autouse=True)
+def float32_matmuls():
+    """TF32 off for every test here, then put back: a run or a benchmark earlier in the same
+    process may have left it on, and its 10-bit mantissa exceeds the float32 tolerances."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_the_float32_comparisons_run_without_tf32():
+    # cudnn's TF32 is on by default, and train.py or bench.py, run in this process before these
+    # tests, turn on the matmuls' for as long as they run
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
 # the sizes of the tiny models here
 SIZES = dict(vocab_size=50, block_size=16, n_layer=2, n_head=3, n_embd=24, future_dim=5)
 
@@ -450,7 +469,6 @@ def test_training_compiles_as_many_graphs_as_the_baseline(monkeypatch):
 def test_flex_traces_into_one_graph_on_a_cpu(training):
     # Off a GPU, choose() takes the blocked version, so the tests above compile that one; here
     # flex is forced, so that a graph break or a tracing error in its path fails without a GPU.
-    # Forward only: FlexAttention has no backward on a CPU.
     from torch._dynamo.testing import CompileCounterWithBackend
     torch._dynamo.reset()
     model = one_layer(mf).set_impl("flex").train(training)
@@ -464,6 +482,31 @@ def test_flex_traces_into_one_graph_on_a_cpu(training):
     torch.testing.assert_close(logits, expected[0], **TOL)
     for name, value in aux.items():
         torch.testing.assert_close(value, expected[2][name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_flex_training_step_traces_into_one_graph_with_its_backward_on_a_cpu(monkeypatch):
+    # The backward a GPU compiles, traced on a CPU: AOTAutograd derives the joint graph of
+    # FlexAttention's forward and backward, and aot_eager runs both with torch's reference code.
+    # FlexAttention refuses a backward on a CPU at its entry (its Triton kernels are for GPUs);
+    # that guard alone is lifted here.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.nn.attention import flex_attention
+    monkeypatch.setattr(flex_attention, "_validate_device", lambda query, key, value: None)
+    torch._dynamo.reset()
+    model = one_layer(mf).set_impl("flex")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    idx = torch.randint(50, (2, SIZES["block_size"]), generator=torch.Generator().manual_seed(0))
+    _, loss, aux = compiled(idx, idx)
+    loss.backward()
+    assert counter.frame_count == 1  # forward and backward of the step, one graph
+    flex_grads = {name: p.grad for name, p in model.named_parameters()}
+    model.set_impl("readable").zero_grad(set_to_none=True)
+    _, expected_loss, _ = model(idx, idx)
+    expected_loss.backward()
+    torch.testing.assert_close(loss, expected_loss, **TOL)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(flex_grads[name], p.grad, **TOL, msg=lambda m: f"grad {name}: {m}")
 
 
 # --------------------------------------------------------------------------------------
@@ -482,12 +525,19 @@ def flex_as_readable(q, k, v, K_future, V_future, K_future_bias, V_future_bias, 
     return kernels.future_attention_flex(q, k, v, K_future, V_future, V_future_bias, **kw)
 
 
+# Each shape compiles FlexAttention's kernels afresh, which is most of these tests' time on a GPU:
+# every shape in training (the target, MSE), two in evaluation and two with the cosine loss and
+# a target not detached, ten compiles in all rather than eighteen.
+FLEX_CASES = [
+    *[(*shape, True, True, "mse") for shape in [(12, 12, 1, 16), (1, 200, 50, 16), (200, 200, 50, 16),
+                                                (130, 200, 199, 32), (256, 256, 50, 16), (300, 300, 7, 64)]],
+    (1, 200, 50, 16, False, True, "mse"), (200, 200, 50, 16, False, True, "mse"),
+    (130, 200, 199, 32, True, False, "cosine"), (300, 300, 7, 64, True, False, "cosine"),
+]
+
+
 @cuda
-@pytest.mark.parametrize("T, C, future_dim, hs", [(12, 12, 1, 16), (1, 200, 50, 16),
-                                                  (200, 200, 50, 16), (130, 200, 199, 32),
-                                                  (256, 256, 50, 16), (300, 300, 7, 64)])
-@pytest.mark.parametrize("with_target, detach_target, loss_type",
-                         [(False, True, "mse"), (True, True, "mse"), (True, False, "cosine")])
+@pytest.mark.parametrize("T, C, future_dim, hs, with_target, detach_target, loss_type", FLEX_CASES)
 def test_flex_matches_readable_cuda(T, C, future_dim, hs, with_target, detach_target, loss_type):
     # lengths that are not multiples of 128 included: where masks and score_mod together gave
     # NaN gradients

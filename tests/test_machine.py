@@ -7,6 +7,7 @@ memory, and bench.py waiting for the GPU around each timed step.
 """
 
 import contextlib
+import dataclasses
 import re
 
 import pytest
@@ -183,3 +184,54 @@ def test_a_cuda_device_is_made_the_current_one_in_every_process(environment, dev
     with pytest.raises(DeviceChosen):
         train.train(config)
     assert chosen == [current]
+
+
+@pytest.mark.parametrize("script", ["bench", "sample"])
+def test_bench_and_sample_make_a_cuda_device_the_current_one(script, tmp_path, monkeypatch):
+    # before they build or read anything, as train.py does: bf16's support, the CUDA random
+    # state and what is made without naming a device are then cuda:1's, not cuda:0's
+    chosen = []
+
+    def set_device(device):
+        chosen.append(str(device))
+        raise DeviceChosen  # no GPU here to go on with
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(train, "check_device", lambda device: None)  # as if there were a cuda:1
+    if script == "bench":
+        with pytest.raises(DeviceChosen):
+            bench.main(["config/tiny_cpu.py", "--device=cuda:1", "--iters=1", "--warmup=0"])
+    else:
+        out = tmp_path / "out"
+        out.mkdir()
+        model = model_baseline.GPT(model_baseline.GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2,
+                                                            n_embd=16))
+        torch.save(dict(format=train.FORMAT, model_type="baseline", model_args=dataclasses.asdict(model.config),
+                        model=model.state_dict(), iter_num=0, best_val_loss=float("inf"), config={}),
+                   out / "best.pt")
+        with pytest.raises(DeviceChosen):
+            sample.sample(dict(sample.DEFAULTS, out_dir=str(out), device="cuda:1"))
+    assert chosen == ["cuda:1"]
+
+
+def tf32():
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def test_tf32_is_on_for_a_run_or_a_benchmark_alone_and_put_back_after(data_dir, tmp_path, monkeypatch):
+    # TF32 is a setting of the run, made where it starts: a model built, or a benchmark's step,
+    # leaves it as it was, so that float32 kernels tested later in the same process stay float32
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    during, run, time_runs = [], train.run, bench.time_runs
+    monkeypatch.setattr(train, "run", lambda *args: during.append(tf32()) or run(*args))
+    monkeypatch.setattr(bench, "time_runs", lambda *args: during.append(tf32()) or time_runs(*args))
+    train.build(train.get_config(argv_for(data_dir, tmp_path)), 0, torch.Generator())
+    _, runs = bench.parse_args(["config/tiny_cpu.py", "--device=cpu", "--batch_size=2", "--gradient_accumulation_steps=1"])
+    bench.step(bench.build(*runs[0]))
+    assert tf32() == (False, False) and during == []
+    train.train(train.get_config(argv_for(data_dir, tmp_path, max_iters=1, eval_interval=1)))
+    assert tf32() == (False, False)
+    assert bench.main(["config/tiny_cpu.py", "--device=cpu", "--batch_size=2", "--iters=1", "--warmup=0"]) == 0
+    assert tf32() == (False, False)
+    assert during == [(True, True), (True, True)]  # on while the run and the benchmark ran

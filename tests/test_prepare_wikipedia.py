@@ -53,11 +53,16 @@ import train
 import prepare_wikipedia as pw
 from conftest import REPO
 
-try:
-    ENC = tiktoken.get_encoding("gpt2")
-except Exception as e:  # no skip: a tokenizer that cannot load is a failure, with the fix named
-    raise RuntimeError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR "
-                       "to a folder holding tiktoken's GPT-2 files (see the README, Offline)") from None
+def gpt2():
+    """tiktoken's GPT-2 encoding (tiktoken keeps the one it loaded), loaded by the tests that need
+    it and not at import: this file is collected on a machine without the tokenizer's files, such
+    as a GPU machine offline that runs `pytest -m cuda`. No skip: each test that needs it fails,
+    naming the fix."""
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        pytest.fail(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR "
+                    "to a folder holding tiktoken's GPT-2 files (see the README, Offline)", pytrace=False)
 
 
 def article(i):
@@ -71,12 +76,12 @@ ARTICLES = [article(i) for i in range(10)]
 
 def read_docs(path):
     """Decode a .bin back to its documents, checking that each ends with <|endoftext|>."""
-    tokens = np.memmap(path, dtype=np.uint16, mode="r").tolist()
-    assert tokens and tokens[-1] == ENC.eot_token
+    tokens, enc = np.memmap(path, dtype=np.uint16, mode="r").tolist(), gpt2()
+    assert tokens and tokens[-1] == enc.eot_token
     docs, start = [], 0
     for i, token in enumerate(tokens):
-        if token == ENC.eot_token:
-            docs.append(ENC.decode(tokens[start:i]))
+        if token == enc.eot_token:
+            docs.append(enc.decode(tokens[start:i]))
             start = i + 1
     return docs
 
@@ -153,7 +158,7 @@ def test_tokens_are_tiktokens_own(tmp_path, monkeypatch, threads):
     out = tmp_path / "out"
     pw.prepare_data(["--input", *paths, "--val", val, "--out_dir", str(out), "--threads", threads])
     for split, split_docs in [("train", docs[:7]), ("val", docs[7:])]:  # tiktoken called directly, one by one
-        expected = [token for doc in split_docs for token in ENC.encode_ordinary(doc) + [ENC.eot_token]]
+        expected = [token for doc in split_docs for token in gpt2().encode_ordinary(doc) + [gpt2().eot_token]]
         assert np.fromfile(out / f"{split}.bin", dtype=np.uint16).tolist() == expected
 
 
@@ -169,20 +174,20 @@ def test_the_text_is_read_a_bounded_way_ahead_of_the_tokens_written(monkeypatch,
             read.append(text)
             yield text
 
-    real_encode, calls = ENC.encode_to_numpy, []
+    real_encode, calls = gpt2().encode_to_numpy, []
 
     def encode(text, **kwargs):
         calls.append(text)
         return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_to_numpy", encode)
+    monkeypatch.setattr(gpt2(), "encode_to_numpy", encode)
     for i, (tokens, chars) in enumerate(pw.encoded_documents(documents(), num_threads, False)):
         encoded.append((tokens.tolist(), chars))
         ahead.append(sum(map(len, texts[i:len(read)])))  # read, not yet written: the one written now among them
     group = 4000 // (4 * num_threads) + max(map(len, texts))  # the last group read, at most
     assert max(ahead) < 4000 + group and max(ahead) >= 4000  # bounded, and reaching the bound
     assert sorted(calls) == sorted(texts) and len(calls) == len(texts)  # each document encoded once
-    assert encoded == [(ENC.encode_ordinary(t) + [ENC.eot_token], len(t)) for t in texts]
+    assert encoded == [(gpt2().encode_ordinary(t) + [gpt2().eot_token], len(t)) for t in texts]
 
 
 def test_groups_of_documents():
@@ -349,7 +354,7 @@ def test_write_split_stops_at_the_nearest_boundary(tmp_path):
 def token_counts(docs, detokenized=True):
     """Tokens of each document (detokenized or as it is), <|endoftext|> included."""
     texts = [pw.detokenize(doc) if detokenized else doc for doc in docs]
-    return [len(ENC.encode_ordinary(text)) + 1 for text in texts]
+    return [len(gpt2().encode_ordinary(text)) + 1 for text in texts]
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
@@ -371,7 +376,7 @@ def test_writeup_split(tmp_path, monkeypatch, threads):
     for split, tokens, asked in [("train", totals[3], train_tokens), ("val", counts[4] + counts[5], val_tokens)]:
         data = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
         assert meta[split]["tokens"] == tokens == len(data) and meta[split]["tokens_asked"] == asked
-        assert meta[split]["max_token_id"] == data.max() == ENC.eot_token
+        assert meta[split]["max_token_id"] == data.max() == gpt2().eot_token
     assert meta["passes_in_1.44B_tokens"] == round(1_440_000_000 / totals[3], 2)
     assert json.loads((out / "meta.json").read_text()) == meta
 
@@ -659,7 +664,7 @@ def test_the_temporary_files_of_a_killed_run_are_removed(tmp_path):
                                    configurator.Stopped(signal.SIGINT)])  # as Ctrl-C raises it
 def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
     monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 1)  # one document in flight at a time
-    real_encode, calls = ENC.encode_to_numpy, []
+    real_encode, calls = gpt2().encode_to_numpy, []
 
     def failing_encode(text, **kwargs):
         calls.append(text)
@@ -667,7 +672,7 @@ def test_interrupted_run_leaves_no_output(tmp_path, monkeypatch, crash):
             raise crash
         return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_to_numpy", failing_encode)  # tiktoken's one gpt2 Encoding, pw's too
+    monkeypatch.setattr(gpt2(), "encode_to_numpy", failing_encode)  # tiktoken's one gpt2 Encoding, pw's too
     paths = write_files(tmp_path, [ARTICLES])
     out = tmp_path / "out"
     argv = ["--input", *paths, "--out_dir", str(out), "--threads", "1"]
@@ -871,7 +876,7 @@ def test_a_signal_while_tokenizing_stops_the_run_cleanly(tmp_path, monkeypatch):
     # work is raised in the main thread once it runs again, and the run stops as for any other signal
     out, earlier = earlier_set(tmp_path)
     monkeypatch.setattr(pw, "READ_AHEAD_CHARS", 1)  # one document in flight at a time
-    real_encode, calls = ENC.encode_to_numpy, []
+    real_encode, calls = gpt2().encode_to_numpy, []
 
     def encode_then_signal(text, **kwargs):
         calls.append(text)
@@ -879,7 +884,7 @@ def test_a_signal_while_tokenizing_stops_the_run_cleanly(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)  # delivered while the threads tokenize
         return real_encode(text, **kwargs)
 
-    monkeypatch.setattr(ENC, "encode_to_numpy", encode_then_signal)
+    monkeypatch.setattr(gpt2(), "encode_to_numpy", encode_then_signal)
     paths = write_files(tmp_path, [ARTICLES])
     threads = threading.active_count()
     err = io.StringIO()
@@ -1400,8 +1405,8 @@ def writeups_tokens(path):
     reference. Returns the bytes of their train and val token files."""
     data = open(path, "r", encoding="utf-8").read()
     n = len(data)
-    train_ids = ENC.encode_ordinary(data[:int(n * 0.9)])
-    val_ids = ENC.encode_ordinary(data[int(n * 0.9):])
+    train_ids = gpt2().encode_ordinary(data[:int(n * 0.9)])
+    val_ids = gpt2().encode_ordinary(data[int(n * 0.9):])
     return tuple(np.array(ids, dtype=np.uint16).tobytes() for ids in (train_ids, val_ids))
 
 
@@ -1444,11 +1449,11 @@ def test_a_cut_where_last_cut_allows_tokenizes_as_the_whole():
     texts = ["".join(t) for n in range(2, 5) for t in itertools.product(alphabet, repeat=n)]
     rng = np.random.default_rng(1)
     texts += ["".join(rng.choice(alphabet, size=rng.integers(5, 15))) for _ in range(2000)]
-    allowed_cuts, other_cuts_that_differ = 0, 0
+    allowed_cuts, other_cuts_that_differ, encode = 0, 0, gpt2().encode_ordinary
     for text in texts:
-        whole, allowed = ENC.encode_ordinary(text), cuts_allowed(text)
+        whole, allowed = encode(text), cuts_allowed(text)
         for p in range(1, len(text)):
-            same = ENC.encode_ordinary(text[:p]) + ENC.encode_ordinary(text[p:]) == whole
+            same = encode(text[:p]) + encode(text[p:]) == whole
             assert same or p not in allowed, (text, p)
             allowed_cuts += p in allowed
             other_cuts_that_differ += not same
@@ -1472,13 +1477,13 @@ def test_the_pieces_tokenize_as_the_write_ups_whole_parts(tmp_path, monkeypatch)
         pieces = list(pieces)
         n_pieces += len(pieces)
         assert "".join(pieces) == part  # the pieces are the part, \r\n and \r read as \n
-        ours = [token for piece in pieces for token in ENC.encode_ordinary(piece)]
+        ours = [token for piece in pieces for token in gpt2().encode_ordinary(piece)]
         assert np.array(ours, dtype=np.uint16).tobytes() == expected, name
     assert n_pieces > 1000
     # a naive cut, just after the last newline, does not tokenize alike: the test can fail
     monkeypatch.setattr(pw, "LAST_CUT", re.compile(r".*\n", re.S))
     train_pieces = pw.writeup_parts(str(path))[0][1]
-    naive = [token for piece in train_pieces for token in ENC.encode_ordinary(piece)]
+    naive = [token for piece in train_pieces for token in gpt2().encode_ordinary(piece)]
     assert np.array(naive, dtype=np.uint16).tobytes() != theirs[0]
 
 

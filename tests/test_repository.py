@@ -9,6 +9,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -235,3 +236,17 @@ def test_every_test_skipped_without_cuda_carries_the_cuda_mark(request):
     conftest.pytest_collection_modifyitems(request.config, [needs_cuda, plain])
     assert bool(needs_cuda.get_closest_marker("skip")) == (not torch.cuda.is_available())
     assert not plain.get_closest_marker("skip")
+
+
+def test_the_cuda_tests_collect_on_a_machine_without_the_tokenizers_files(tmp_path):
+    # a GPU machine lent for minutes has no network and no tiktoken cache: `pytest -m cuda` must
+    # still collect every test marked cuda, and no module may fail at import for want of GPT-2
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    mark = re.compile(r"^(@pytest\.mark\.cuda|cuda = pytest\.mark\.cuda)\b", re.MULTILINE)
+    marked = {name for name in tracked_files() if name.startswith("tests/") and mark.search("\n".join(lines_of(name)))}
+    assert {line.split("::")[0] for line in collected} == marked
+    assert f"{len(collected)}/" in done.stdout and "error" not in done.stdout.lower()
