@@ -151,12 +151,19 @@ def normalize(argv):
     return flags
 
 
-def take_words(argv):
-    """(the plain words of argv, such as the folders report.py reads, and the rest of argv). A
-    word after a bare `--key` is that flag's value; a word ending in .py is a config file."""
-    flags = normalize(argv)
-    words = [arg for arg in flags if not arg.startswith("-") and not arg.endswith(".py")]
-    return words, [arg for arg in flags if arg not in words]
+def take_runs(argv):
+    """(the run folders argv names, in order, and the rest of argv). A run folder is written as a
+    plain word or as --out_dir=RUN, as train.py writes it, each as often as there are runs. A word
+    after a bare `--key` is that flag's value; a word ending in .py is a config file."""
+    runs, rest = [], []
+    for arg in normalize(argv):
+        if arg.startswith("--out_dir="):
+            runs.append(arg.removeprefix("--out_dir="))
+        elif arg.startswith("-") or arg.endswith(".py"):
+            rest.append(arg)
+        else:
+            runs.append(arg)
+    return runs, rest
 
 
 def parse(argv):

@@ -153,7 +153,7 @@ def plot(runs, path):
 
 @configurator.script
 def main(argv):
-    out_dirs, rest = configurator.take_words(argv)
+    out_dirs, rest = configurator.take_runs(argv)
     rest = ["--plot=losses.png" if arg == "--plot" else arg for arg in rest]  # --plot alone
     config = configurator.settings(rest, DEFAULTS)
     if configurator.wants_help(argv):

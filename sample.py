@@ -4,6 +4,7 @@ Samples text from a model that train.py trained (the checkpoint names its type).
     python sample.py --out_dir=out-tiny_cpu --start="The history of" --num_samples=5
     python sample.py --out_dir=out-encdec_mse_possub --start=FILE:prompt.txt --temperature=0.7
     python sample.py --out_dir=out-tiny_cpu --checkpoint=latest  # ckpt.pt, the latest state
+    python sample.py out-tiny_cpu                                # the run folder as a word
 
 The model is out_dir/best.pt, the evaluation with the lowest val loss, unless --checkpoint=latest
 asks for ckpt.pt. Notes go to stderr and the samples alone to stdout (`> samples.txt` keeps them).
@@ -159,7 +160,10 @@ def sample(config):
 @configurator.script
 def main(argv):
     """Command-line entry: returns the exit status (2 for a bad setting, 1 for other errors)."""
-    config = read_settings(DEFAULTS, argv)
+    runs, rest = configurator.take_runs(argv)  # out-x or --out_dir=out-x
+    if len(runs) > 1:
+        raise ConfigError(f"one run to sample from, not {len(runs)}: {' '.join(runs)}")
+    config = read_settings(DEFAULTS, rest + [f"--out_dir={run}" for run in runs])
     if configurator.wants_help(argv):  # with the values the rest of argv gives
         print(configurator.usage(__doc__, config))
         return 0

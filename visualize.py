@@ -270,7 +270,7 @@ def draw_run(name, model, ids, labels, config, save_dir):
 
 @configurator.script
 def main(argv):
-    out_dirs, rest = configurator.take_words(argv)
+    out_dirs, rest = configurator.take_runs(argv)
     config = configurator.settings(rest, DEFAULTS)
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, config))

@@ -143,13 +143,15 @@ def test_one_dash_is_not_a_flag(capsys):
                                  "--max_iters=10")
 
 
-@pytest.mark.parametrize("argv, words, rest", [
+@pytest.mark.parametrize("argv, runs, rest", [
     (["out-a", "--plot", "--grid", "3", "out-b"], ["out-a", "out-b"], ["--plot", "--grid=3"]),
     (["--out", "x.png", "out-a", "c.py"], ["out-a"], ["--out=x.png", "c.py"]),  # a flag's value, a config file
     (["--out=x.png", "out-a"], ["out-a"], ["--out=x.png"]),
+    # train.py's form, --out_dir=RUN, as often as there are runs, and beside plain words, in order
+    (["--out_dir=out-a", "--grid=3", "--out_dir", "out-b", "out-c"], ["out-a", "out-b", "out-c"], ["--grid=3"]),
 ])
-def test_plain_words_are_taken_apart_from_the_flags(argv, words, rest):
-    assert configurator.take_words(argv) == (words, rest)
+def test_run_folders_are_words_or_out_dir_flags(argv, runs, rest):
+    assert configurator.take_runs(argv) == (runs, rest)
     config = configurator.settings([arg for arg in rest if not arg.endswith(".py")], dict(plot=False, out="", grid=6))
     assert config["out"] in ("", "x.png") and config["grid"] in (3, 6)
 
