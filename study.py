@@ -1,7 +1,7 @@
 """
-Trains configs × seeds with train.py, a run per GPU, then tabulates each config's losses (mean ±
-std over the seeds) and its val loss difference to the first config, with an exact paired
-permutation test and the seeds that difference needs (docs/study.md).
+Trains configs × seeds with train.py, a run per GPU; writes each config's losses (mean ± std over
+the seeds) and val loss difference to the first config, with its exact paired permutation test,
+to OUT_ROOT/study.md and study.json (docs/study.md).
 
     python study.py config/baseline.py config/future50_mse.py
     python study.py config/baseline.py config/future50_mse.py --out_root=quick --max_iters=300
@@ -11,7 +11,9 @@ Flags other than the keys below go to every run's train.py. Stopped, the same co
 """
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -77,6 +79,11 @@ def plan_runs(config_paths, seeds, out_root, flags):
     if not names or len(set(names)) < len(names):
         raise ConfigError("give config files of distinct names, such as config/baseline.py "
                           "config/future50_mse.py")
+    for path in config_paths:  # train.get_config would skip the study's keys: lost
+        for key, value in configurator.read_config_file(path).items():
+            if key in STUDY_DEFAULTS:
+                raise ConfigError(f"{path} sets {key}, which is study.py's: pass it as a flag, "
+                                  f"--{key}={value}")
     if given := {"--out_dir", "--seed", "--init_from"} & {flag.split("=")[0] for flag in flags}:
         raise ConfigError(f"study.py sets {given.pop()} for each run itself")
     # the exact test counts 2^n sign vectors: a million for 20 seeds
@@ -106,12 +113,16 @@ def examine(run):
     if not os.path.exists(path):
         return False, None
     saved = train.load_checkpoint(path, train.TRAINING_KEYS, mmap=True)
-    differ = [f"{key} {saved['config'][key]!r} (this study: {value!r})"
-              for key, value in run.config.items()
-              if key not in MAY_DIFFER and saved["config"].get(key, value) != value]
+    differ = []
+    for key, value in run.config.items():
+        saved_value = saved["config"].get(key, value)
+        if key == "data_dir":  # data/x is /home/me/data/x: the same folder
+            saved_value, value = os.path.realpath(saved_value), os.path.realpath(value)
+        if key not in MAY_DIFFER and saved_value != value:
+            differ.append(f"{key} {saved_value!r} (this study: {value!r})")
     if differ:
-        raise UserError(f"{run.out_dir} holds a run trained with {', '.join(differ)}: delete it "
-                        "to train the run again, or use another --out_root")
+        raise UserError(f"{run.out_dir} holds a run trained with {', '.join(differ)}: use the "
+                        "same settings, or another --out_root")
     finished = saved["iter_num"] == saved["last_eval_iter"] == run.config["max_iters"]
     return finished, saved["iter_num"]
 
@@ -128,8 +139,8 @@ def read_log(run):
 
 def logged_iter(run):
     """The iteration of the last train or eval record, or where the latest launch started."""
-    last = (read_log(run) or [{}])[-1]
-    return last.get("iter", last.get("iter_num", 0))
+    records = read_log(run)
+    return records[-1].get("iter", records[-1].get("iter_num", 0)) if records else 0
 
 
 # ----------------------------------------
@@ -168,6 +179,11 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
+# prctl, found before a fork: a child must load nothing before its exec
+PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+PR_SET_PDEATHSIG = 1  # from linux/prctl.h
+
+
 def launch(run, saved, gpu):
     """Starts train.py for the run, resumed if saved is an iteration, its output to train.out."""
     command = [sys.executable, train.__file__, *run.argv]
@@ -178,11 +194,14 @@ def launch(run, saved, gpu):
         command.append("--init_from=resume")
         say(f"{run.name}: resuming from iter {saved}{where}")
     env = None if gpu is None else dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+    # Linux sends the run SIGTERM when the thread that started it ends, even by kill -9: the run
+    # saves and stops. Elsewhere it outlives a study killed by -9.
+    before_exec = functools.partial(PRCTL, PR_SET_PDEATHSIG, signal.SIGTERM) if PRCTL else None
     os.makedirs(run.out_dir, exist_ok=True)
     with open(f"{run.out_dir}/train.out", "a") as out:
         # a session of its own: a Ctrl-C reaches study.py alone, which passes it on once
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=before_exec)
 
 
 def train_runs(runs):
@@ -296,23 +315,24 @@ def run_result(run):
     if not finished:
         at = "no checkpoint" if saved is None else f"saved at iter {saved}"
         return dict(result, note=f"{at} of {run.config['max_iters']}")
-    records = read_log(run)
     # a resumed launch's evaluations replace those of a killed launch
-    evals = {r["iter"]: r for r in records if r["type"] == "eval"}
+    evals = {r["iter"]: r for r in read_log(run) if r["type"] == "eval"}
     final = evals[run.config["max_iters"]]
+    val_curve = {i: r["val_loss"] for i, r in evals.items()}
     return dict(result, finished=True, train_loss=final["train_loss"], val_loss=final["val_loss"],
-                val_curve={i: r["val_loss"] for i, r in evals.items()})
+                best_val_loss=final["best_val_loss"], val_curve=val_curve)
 
 
 def val_difference(results, reference):
     """The per-seed val loss differences to the reference, over the seeds both finished."""
     ours = {r["seed"]: r["val_loss"] for r in results if r["finished"]}
     theirs = {r["seed"]: r["val_loss"] for r in reference if r["finished"]}
-    d = [ours[seed] - theirs[seed] for seed in ours if seed in theirs]
-    if not d:
+    seeds = [seed for seed in ours if seed in theirs]
+    if not seeds:
         return None
+    d = [ours[seed] - theirs[seed] for seed in seeds]
     spread, p = stats(d), permutation_p_value(d)
-    return dict(spread, differences=d, p_value=p,
+    return dict(spread, seeds=seeds, differences=d, p_value=p,
                 verdict=verdict(spread["mean"], p, len(d), THRESHOLD),
                 seeds_needed=seeds_needed(spread["mean"], spread["std"], THRESHOLD))
 
@@ -323,16 +343,18 @@ def tabulate(runs, flags):
     for run in runs:
         configs[run.config_name].append(run_result(run))
     reference = next(iter(configs))
-    rows = []
+    rows, left_out = [], []
     for name, results in configs.items():
         finished = [r for r in results if r["finished"]]
-        rows.append(dict(
-            config=name, runs=results, seeds_finished=len(finished),
-            train_loss=stats([r["train_loss"] for r in finished]),
-            val_loss=stats([r["val_loss"] for r in finished]),
-            val_difference=val_difference(results, configs[reference])))
+        left_out += [dict(run=r["name"], reason=r["note"]) for r in results if not r["finished"]]
+        difference = None if name == reference else val_difference(results, configs[reference])
+        rows.append(dict(config=name, runs=results, seeds_finished=len(finished),
+                         train_loss=stats([r["train_loss"] for r in finished]),
+                         val_loss=stats([r["val_loss"] for r in finished]),
+                         val_difference=difference))
     seeds = list(dict.fromkeys(run.seed for run in runs))
-    return dict(reference=reference, seeds=seeds, flags=flags, configs=rows)
+    return dict(reference=reference, seeds=seeds, flags=flags, threshold=THRESHOLD, configs=rows,
+                left_out=left_out)
 
 
 def format_stat(stat, spec=".4f"):
@@ -344,36 +366,38 @@ def format_stat(stat, spec=".4f"):
 
 def markdown(table, out_root):
     reference, seeds = table["reference"], table["seeds"]
-    head = ["config", "seeds finished", "train loss", "val loss",
-            f"Δ val vs {reference}", f"verdict (p ≤ {THRESHOLD})",
-            "seeds needed (est.)"]
-    lines = [f"# {out_root}: seeds {', '.join(map(str, seeds))}; flags for every run: "
-             f"`{' '.join(table['flags']) or '(none)'}`", "",
-             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    head = ["config", "seeds finished", "train loss", "val loss", f"Δ val vs {reference}",
+            f"verdict (p ≤ {THRESHOLD})", "seeds needed (est.)"]
+    flags = " ".join(table["flags"]) or "(none)"
+    lines = [f"# {out_root}: seeds {', '.join(map(str, seeds))}; flags for every run: `{flags}`",
+             "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in table["configs"]:
         diff = row["val_difference"]
         if row["config"] == reference:
             tests = ["(reference)", "", ""]
-        elif diff:
-            tests = [format_stat(diff, "+.4f"), diff["verdict"], str(diff["seeds_needed"])]
-        else:
+        elif diff is None:
             tests = ["-", "-", "-"]
-        lines.append("| " + " | ".join([
-            row["config"], f"{row['seeds_finished']} of {len(seeds)}",
-            format_stat(row["train_loss"]), format_stat(row["val_loss"]), *tests]) + " |")
-    lines += ["", "Mean ± std (ddof=1) over the seeds that finished, Δ val paired by seed: "
-              "docs/study.md."]
-    left_out = [f"{r['name']} ({r['note']})" for row in table["configs"] for r in row["runs"]
-                if not r["finished"]]
-    if left_out:
-        lines.append(f"Left out of the means: {', '.join(left_out)}.")
+        else:  # one seed has no spread: no estimate
+            needed = "-" if diff["seeds_needed"] is None else str(diff["seeds_needed"])
+            tests = [format_stat(diff, "+.4f"), diff["verdict"], needed]
+        cells = [row["config"], f"{row['seeds_finished']} of {len(seeds)}",
+                 format_stat(row["train_loss"]), format_stat(row["val_loss"]), *tests]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Mean ± std (ddof=1) over the seeds that finished; Δ val paired by seed."]
+    if table["left_out"]:
+        left_out = ", ".join(f"{r['run']} ({r['reason']})" for r in table["left_out"])
+        lines.append(f"Left out of the means: {left_out}.")
     return "\n".join(lines) + "\n"
 
 
-def write_table(table, out_root):
+def write_tables(table, out_root):
+    """Prints the table, and writes OUT_ROOT/study.md and study.json."""
     text = markdown(table, out_root)
+    # plain JSON: a missing number is null, and a NaN fails here
+    numbers = json.dumps(table, indent=1, allow_nan=False) + "\n"
     train.write_atomically(f"{out_root}/study.md", lambda f: f.write(text.encode()))
-    print(f"{text}wrote {out_root}/study.md")
+    train.write_atomically(f"{out_root}/study.json", lambda f: f.write(numbers.encode()))
+    print(f"{text}wrote {out_root}/study.md and study.json")
 
 
 # ----------------------------------------
@@ -393,9 +417,12 @@ def study_figure(table, plt):
         iters = sorted(set.intersection(*(set(curve) for curve in curves)))
         iters = [i for i in iters if i >= iters[-1] / 5]
         losses = np.array([[curve[i] for i in iters] for curve in curves])  # (seeds, iters)
-        diff = row["val_difference"]
-        words = " (reference)" if row is rows[0] else f": {diff['verdict']}" if diff else ""
-        ax.plot(iters, losses.mean(axis=0), color=colour, label=row["config"] + words)
+        label = row["config"]
+        if row is rows[0]:
+            label += " (reference)"
+        elif row["val_difference"]:
+            label += f": {row['val_difference']['verdict']}"
+        ax.plot(iters, losses.mean(axis=0), color=colour, label=label)
         ax.fill_between(iters, losses.min(axis=0), losses.max(axis=0), color=colour, alpha=0.2,
                         linewidth=0)
     ax.legend()
@@ -431,17 +458,15 @@ def main(argv):
     if configurator.wants_help(argv):
         print(configurator.usage(__doc__, settings))
         return 0
-    runs = plan_runs(config_paths, settings["seeds"].split(","), settings["out_root"], flags)
     out_root, failed, signum = settings["out_root"], [], None
+    runs = plan_runs(config_paths, settings["seeds"].split(","), out_root, flags)
     if not settings["report_only"]:
         # one study per out_root: a second would take the first's runs for failed ones
-        with configurator.lock_folder(out_root, "study.lock", "study.py") as lock:
+        with configurator.lock_folder(out_root, "study.lock", "study.py"):
             failed, signum = train_runs(runs)
-            if not failed and not signum:
-                os.remove(lock.name)  # a study that succeeded leaves nothing of its own behind
     os.makedirs(out_root, exist_ok=True)
     table = tabulate(runs, flags)
-    write_table(table, out_root)
+    write_tables(table, out_root)
     draw_picture(table, out_root)
     if signum:
         raise Stopped(signum, f"stopped by {signal.Signals(signum).name}: every run that was "

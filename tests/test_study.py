@@ -1,8 +1,9 @@
 """
 Tests of study.py: configs × seeds through train.py, on a CPU with tiny models on random tokens
 (conftest.py): each run a train.py process of its own, progress from the logs, the table of means
-over seeds and its test, a stop signal that reaches every run, resuming, run folders it must not
-train on, the lock, the command line, the GPU of each run, and the picture.
+over seeds and its test, study.json, a stop signal that reaches every run, a run that stops with
+its killed study, resuming, run folders it must not train on, the lock, the command line, the
+GPU of each run, and the picture.
 Run: python -m pytest -q -p no:xdist tests/test_study.py
 """
 
@@ -84,10 +85,18 @@ def finished_study(two_configs, tmp_path_factory):
     out_root = str(tmp_path_factory.mktemp("study"))
     argv = [two_configs["base"], two_configs["future"], "--seeds=1,2", f"--out_root={out_root}",
             f"--data_dir={two_configs['data']}"]
+    processes, launch = [], study.launch  # the process of each run, as launched
+
+    def launch_and_note(*args):
+        processes.append(launch(*args))
+        return processes[-1]
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(study, "PROGRESS_S", 0)
+        mp.setattr(study, "launch", launch_and_note)
         status, out, err = run_study(argv)
-    return dict(argv=argv, out_root=out_root, status=status, out=out, err=err)
+    return dict(argv=argv, out_root=out_root, status=status, out=out, err=err,
+                pids=[process.pid for process in processes])
 
 
 # --------------------------------------------------------------------------------------
@@ -101,7 +110,6 @@ def test_study_trains_every_config_and_seed_each_in_a_process(finished_study):
     said = [line for line in err.splitlines() if ": training" in line or ": done" in line]
     assert said == [line for name in RUN_NAMES
                     for line in (f"{name}: training", f"{name}: done at iter 4")]
-    processes = set()
     for name in RUN_NAMES:
         out_dir = os.path.join(out_root, name)
         assert [r["init_from"] for r in starts(out_dir)] == ["scratch"]
@@ -110,13 +118,12 @@ def test_study_trains_every_config_and_seed_each_in_a_process(finished_study):
         assert load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["iter_num"] == 4
         with open(os.path.join(out_dir, "train.out")) as f:
             assert "eval at iter 4:" in f.read()  # the run's own output
-        with open(os.path.join(out_dir, "train.lock")) as f:  # the train.py that trained it
-            processes.add(int(re.search(r"process (\d+)", f.read()).group(1)))
-    assert len(processes) == 4 and os.getpid() not in processes
+    pids = finished_study["pids"]  # a train.py each, whose lock went with it
+    assert len(set(pids)) == 4 and os.getpid() not in pids
     base_losses = [read_log(os.path.join(out_root, f"base-seed{s}"))[-1]["val_loss"] for s in (1, 2)]
     assert base_losses[0] != base_losses[1]  # the seeds differ
-    # a study that succeeded leaves its runs, its table and its picture, and no lock
-    expected = {*RUN_NAMES, "study.md", "study.png"}
+    # a study that succeeded leaves its runs, its tables and its picture, and no lock
+    expected = {*RUN_NAMES, "study.md", "study.json", "study.png"}
     assert set(os.listdir(out_root)) == (expected if importlib.util.find_spec("matplotlib")
                                          else expected - {"study.png"})
 
@@ -210,6 +217,68 @@ def test_the_table_holds_mean_std_and_the_test(finished_study):
     assert (f"| {np.mean(d):+.4f} ± {np.std(d, ddof=1):.4f} | too few seeds (n = 2: p ≥ 0.5) | "
             f"{diff['seeds_needed']} |") in text
     assert "| base | 2 of 2 |" in text and "| (reference) |  |  |" in text
+
+
+def table_cells(text):
+    """The cells of each row of study.md's table, by config."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("| config |"):  # a row, not the header
+            cells = [cell.strip() for cell in line.split("|")[1:-1]]
+            rows[cells[0]] = cells
+    return rows
+
+
+def plain_json(path):
+    """A JSON file's values; NaN and Infinity, which plain JSON lacks, fail."""
+    def refuse(constant):
+        raise AssertionError(f"{path} holds {constant}")
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def test_study_json_holds_the_numbers_of_study_md(finished_study, two_configs):
+    out_root = finished_study["out_root"]
+    numbers = plain_json(os.path.join(out_root, "study.json"))
+    cells = table_cells(open(os.path.join(out_root, "study.md")).read())
+    assert numbers["reference"] == "base" and numbers["seeds"] == [1, 2]
+    assert numbers["flags"] == [f"--data_dir={two_configs['data']}"] and numbers["left_out"] == []
+    for config in numbers["configs"]:
+        row = cells[config["config"]]
+        assert row[1] == f"{config['seeds_finished']} of 2"
+        for column, key in ((2, "train_loss"), (3, "val_loss")):
+            per_seed = [run[key] for run in config["runs"]]
+            assert config[key]["mean"] == pytest.approx(np.mean(per_seed), abs=1e-12)
+            assert config[key]["std"] == pytest.approx(np.std(per_seed, ddof=1), abs=1e-12)
+            assert row[column] == f"{config[key]['mean']:.4f} ± {config[key]['std']:.4f}"
+        for run in config["runs"]:  # each seed's numbers, from its log
+            run_dir = os.path.join(out_root, run["name"])
+            assert (run["train_loss"], run["val_loss"]) == hand_numbers(run_dir)
+            evals = [r["val_loss"] for r in read_log(run_dir) if r["type"] == "eval"]
+            assert run["best_val_loss"] == min(evals)
+    base, future = numbers["configs"]
+    assert base["val_difference"] is None and cells["base"][4:] == ["(reference)", "", ""]
+    diff = future["val_difference"]
+    d = [ours["val_loss"] - ref["val_loss"] for ours, ref in zip(future["runs"], base["runs"])]
+    assert diff["seeds"] == [1, 2] and diff["differences"] == pytest.approx(d, abs=1e-12)
+    assert diff["mean"] == pytest.approx(np.mean(d), abs=1e-12)
+    assert diff["std"] == pytest.approx(np.std(d, ddof=1), abs=1e-12)
+    assert diff["p_value"] == float(reference_p_value([repr(x) for x in diff["differences"]]))
+    assert cells["future"][4:] == [f"{diff['mean']:+.4f} ± {diff['std']:.4f}", diff["verdict"],
+                                   str(diff["seeds_needed"])]
+
+
+def test_one_seed_gives_no_estimate_of_the_seeds_needed(finished_study, two_configs, tmp_path):
+    for name in ("base-seed1", "future-seed1"):
+        shutil.copytree(os.path.join(finished_study["out_root"], name), tmp_path / name)
+    argv = [two_configs["base"], two_configs["future"], "--seeds=1", f"--out_root={tmp_path}",
+            f"--data_dir={two_configs['data']}", "--report_only"]
+    assert run_study(argv)[0] == 0
+    text = (tmp_path / "study.md").read_text()
+    assert table_cells(text)["future"][5:] == ["too few seeds (n = 1: p ≥ 1)", "-"]
+    assert "None" not in text
+    diff = plain_json(tmp_path / "study.json")["configs"][1]["val_difference"]
+    assert diff["std"] is None and diff["seeds_needed"] is None  # null in the file
 
 
 @pytest.mark.parametrize("differences", [
@@ -334,6 +403,41 @@ def test_a_signal_to_the_study_process_is_passed_on_at_once(two_configs, tmp_pat
     assert late * step_s < 0.5, f"the signal reached the run {late} steps late"
 
 
+def still_running(pid):
+    """Whether a process runs: neither gone, nor a zombie that its new parent has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_run_saves_and_stops_when_its_study_is_killed(two_configs, tmp_path):
+    argv = base_study(two_configs, tmp_path, 4, f"--max_iters={BEYOND_REACH}", "--eval_interval=50")
+    run_dir = tmp_path / "base-seed4"
+    process = start(argv, launcher=(sys.executable, "study.py"))
+    wait_for(trained_to(run_dir, 3), process)
+    child = int(re.search(r"process (\d+)", (run_dir / "train.lock").read_text()).group(1))
+    try:
+        process.kill()  # kill -9: study.py can pass nothing on
+        process.communicate(timeout=60)
+        deadline = time.time() + 10
+        while still_running(child):
+            assert time.time() < deadline, "the run trains on without its study"
+            time.sleep(0.05)
+    finally:
+        if still_running(child):  # an orphan of a failed test: it must not train on
+            os.kill(child, signal.SIGKILL)
+    assert "SIGTERM: stopping after the step under way" in (run_dir / "train.out").read_text()
+    saved = load_checkpoint(str(run_dir / "ckpt.pt"), TRAINING_KEYS)["iter_num"]
+    assert saved >= 3 and iters_of(run_dir)[-1] == saved  # saved at its last step
+    status, out, err = run_study(base_study(two_configs, tmp_path, 4, f"--max_iters={saved + 2}",
+                                            "--eval_interval=50"))
+    assert status == 0 and f"base-seed4: resuming from iter {saved}\n" in err, err
+    assert iters_of(run_dir)[-2:] == [saved + 1, saved + 2]
+
+
 def test_a_second_signal_stops_at_once(capsys):
     before = signal.getsignal(signal.SIGUSR1)
     with study.StopRequest() as stop:
@@ -375,7 +479,7 @@ def test_a_run_trained_with_other_settings_is_refused(finished_study, two_config
     status, out, err = run_study([*argv, "--learning_rate=0.002"])
     assert status == 1 and err.endswith("error: 2 of 2 runs failed: base-seed1, base-seed2\n")
     refusal = (f"{tmp_path}/base-seed1 holds a run trained with learning_rate 0.001 (this study: "
-               "0.002): delete it to train the run again, or use another --out_root")
+               "0.002): use the same settings, or another --out_root")
     assert f"base-seed1: cannot train: {refusal}\n" in err
     assert (tmp_path / "base-seed1" / "log.jsonl").read_text() == before  # left alone
     assert "| base | 0 of 2 |" in out and f"Left out of the means: base-seed1 ({refusal})" in out
@@ -384,6 +488,31 @@ def test_a_run_trained_with_other_settings_is_refused(finished_study, two_config
     assert "| base | 0 of 2 |" in (tmp_path / "study.md").read_text()
     assert run_study([*argv, "--report_only"])[0] == 0
     assert "| base | 2 of 2 |" in (tmp_path / "study.md").read_text()
+
+
+def test_the_same_data_named_relative_or_absolute_is_the_same(finished_study, two_configs, tmp_path,
+                                                             monkeypatch):
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), tmp_path / "base-seed1")
+    data = two_configs["data"]  # the runs trained on its absolute path
+    monkeypatch.chdir(os.path.dirname(data))  # now named relative, as is the out_root
+    argv = [two_configs["base"], "--seeds=1", f"--out_root={os.path.relpath(tmp_path)}",
+            f"--data_dir={os.path.basename(data)}"]
+    status, out, err = run_study(argv)
+    assert status == 0 and err == "0 of 1 runs to train\n"
+    assert "| base | 1 of 1 |" in out and "Left out" not in out
+
+
+def test_a_run_of_other_data_is_refused_and_kept(finished_study, two_configs, tmp_path):
+    out_root, other = tmp_path / "study", tmp_path / "other"
+    shutil.copytree(os.path.join(finished_study["out_root"], "base-seed1"), out_root / "base-seed1")
+    shutil.copytree(two_configs["data"], other)  # the same tokens, but another folder
+    status, out, err = run_study(base_study(two_configs, out_root, 1, f"--data_dir={other}"))
+    assert status == 1
+    trained_on, ours = os.path.realpath(two_configs["data"]), os.path.realpath(other)
+    refusal = (f"{out_root}/base-seed1 holds a run trained with data_dir {trained_on!r} (this "
+               f"study: {ours!r}): use the same settings, or another --out_root")
+    assert f"base-seed1: cannot train: {refusal}\n" in err
+    assert "delete" not in out + err  # the run is good: nothing invites its loss
 
 
 def test_folders_without_a_usable_checkpoint(finished_study, two_configs, tmp_path):
@@ -406,15 +535,12 @@ def test_folders_without_a_usable_checkpoint(finished_study, two_configs, tmp_pa
 
 def test_one_study_at_a_time_in_an_out_root(two_configs, tmp_path):
     argv = base_study(two_configs, tmp_path, 1)
-    holder = configurator.lock_folder(str(tmp_path), "study.lock", "study.py")
-    try:
+    with configurator.lock_folder(str(tmp_path), "study.lock", "study.py"):
         status, out, err = run_study(argv)
         assert status == 1 and out == ""
         assert err == (f"error: {tmp_path} is in use by study.py (process {os.getpid()} on "
                        f"{socket.gethostname()}): wait for it to end, or use another folder\n")
         assert run_study([*argv, "--report_only"])[0] == 0  # reading takes no lock
-    finally:
-        holder.close()
     assert not (tmp_path / "base-seed1").exists()  # nothing trained
 
 
@@ -437,13 +563,28 @@ def test_one_study_at_a_time_in_an_out_root(two_configs, tmp_path):
     (["config/baseline.py", "config/future50_mse.py", "--n_embd=150"],
      "config/future50_mse.py: n_embd must be divisible by n_head (9), got 150"),
     (["config/baseline.py", "config/future50_mse.py", "--future_dim=3"],
-     "config/baseline.py: unknown key future_dim"),
+     "config/baseline.py: future_dim is a key of model_type future_attn, not of baseline"),
 ])
 def test_bad_input_is_one_line_and_status_2(argv, message, monkeypatch):
     monkeypatch.chdir(REPO)
     status, out, err = run_study(argv)
     assert status == 2 and out == "" and err.count("\n") == 1, err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("line, flag", [
+    ("seeds = '1,2'", "--seeds=1,2"),
+    ("out_root = 'elsewhere'", "--out_root=elsewhere"),
+    ("report_only = True", "--report_only=True"),
+])
+def test_a_config_file_may_not_set_the_studys_keys(line, flag, tmp_path):
+    config = tmp_path / "mine.py"
+    config.write_text(f"model_type = 'baseline'\n{line}\n")
+    key = flag.removeprefix("--").split("=")[0]
+    status, out, err = run_study([str(config), f"--out_root={tmp_path / 'study'}", "--report_only"])
+    assert status == 2 and out == ""
+    assert err == f"error: {config} sets {key}, which is study.py's: pass it as a flag, {flag}\n"
+    assert not (tmp_path / "study").exists()
 
 
 @pytest.mark.parametrize("argv", [
@@ -474,7 +615,7 @@ def test_report_only_trains_nothing(tmp_path, monkeypatch):
     assert "| future50_mse | 0 of 1 | - | - | - | - | - |" in out
     assert ("Left out of the means: baseline-seed1 (no checkpoint of 300), future50_mse-seed1 "
             "(no checkpoint of 300).") in out
-    assert os.listdir(out_root) == ["study.md"]  # no run folder, no lock, no picture
+    assert sorted(os.listdir(out_root)) == ["study.json", "study.md"]  # no run, lock or picture
 
 
 def test_each_run_gets_one_of_the_studys_gpus(two_configs, tmp_path, monkeypatch):
