@@ -81,7 +81,11 @@ def parse_args(argv):
         future = config["model_type"] == "future_attn"
         if future and "flex" in impls and not config["device"].startswith("cuda"):
             raise ConfigError("impl=flex needs --device=cuda: no backward on a CPU")
-        label = os.path.basename(path)[:-3] if path else config["model_type"]
+        label = config["model_type"]
+        if path:  # the config's name, and the model type a flag put in its place
+            label = os.path.basename(path)[:-3]
+            if "model_type" in overrides:
+                label += f" as {config['model_type']}"
         for impl in impls if future else ["auto"]:
             runs.append((f"{label}[{impl}]" if future else label, config, impl))
     return bench, runs

@@ -504,16 +504,19 @@ def longest_working_length(model, block_size):
     error = forward_error(model, block_size)
     if error is None:
         return block_size
-    works, fails = 1, block_size
+    works, fails, tried = 1, block_size, [block_size]
     while fails - works > 1:
         middle = (works + fails) // 2
+        tried.append(middle)
         if forward_error(model, middle) is None:
             works = middle
         else:
             fails = middle
     if works < 2:
-        raise CheckError(f"the forward fails at every length from T={block_size} down to 2; at "
-                         f"T={block_size}: {in_one_line(error)}")
+        lengths = ", ".join(map(str, tried))
+        raise CheckError(f"the forward fails at each length tried, T = {lengths}; at "
+                         f"T={block_size}: {in_one_line(error)}. A model that runs at one length "
+                         "alone: give it as --block_size")
     return works
 
 
@@ -638,9 +641,12 @@ def main(argv):
         return check_models(argv)
     options, original, config, user_keys = parse_args(argv)
     model_args, probe_args = plan(options, original, config, user_keys)
+    # the user's own flags, apart from what the check changes to run in seconds
+    flags = describe_changes(original, train.model_args_of(config))
+    flags = f", with the flags' {flags}" if flags else ""
     size = "the config's own sizes" if options["full_size"] else "shrunk to run in seconds"
-    changes = describe_changes(original, model_args) or "as it is"
-    print(f"{config_files(argv)[0]}: {config['model_type']}, {size}: {changes}")
+    changes = describe_changes(config, model_args) or "as it is"
+    print(f"{config_files(argv)[0]}: {config['model_type']}{flags}, {size}: {changes}")
     leak = check(config["model_type"], model_args, batch=options["batch"],
                  positions=options["positions"], seed=config["seed"])
     causal = judge(leak, options, lambda: train.build_model(config["model_type"], probe_args),

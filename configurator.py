@@ -82,24 +82,40 @@ def exit_now(status):
     os._exit(status)
 
 
+@contextlib.contextmanager
 def lock_folder(folder, name, program):
-    """An flock on folder/name, a file naming its holder. The kernel releases it however the
-    process ends: a killed holder never blocks the folder."""
+    """Holds an flock on folder/name, a file naming its holder, and removes the file at the end,
+    still holding it. The kernel releases the lock however the process ends: a killed holder
+    never blocks the folder, and leaves its file behind, naming it."""
+    path = os.path.join(folder, name)
     try:
         os.makedirs(folder, exist_ok=True)
-        lock = open(os.path.join(folder, name), "a+")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while True:
+            lock = open(path, "a+")
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A holder that ended between our open and our flock removed the file we locked:
+            # that lock guards nothing, so lock the file now at the path instead.
+            if os.path.exists(path) and os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
+                break
+            lock.close()
     except BlockingIOError:
         lock.seek(0)
-        raise UserError(f"{folder} is in use by {lock.read()}: wait for it to end, or use "
-                        "another folder") from None
+        holder = lock.read()
+        lock.close()
+        raise UserError(f"{folder} is in use by {holder}: wait for it to end, or use another "
+                        "folder") from None
     except OSError as e:
         raise UserError(f"cannot create {folder}: {e.strerror.lower()}; choose another "
                         "folder") from None
-    lock.truncate(0)
-    lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
-    lock.flush()
-    return lock
+    with lock:
+        lock.truncate(0)
+        lock.write(f"{program} (process {os.getpid()} on {socket.gethostname()})")
+        lock.flush()
+        try:
+            yield lock
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # before the lock is let go: the next holder makes a new file
 
 
 def wants_help(argv):
@@ -217,8 +233,10 @@ def merge(defaults, files, overrides, script_keys=()):
             config[key] = float(value)
         elif default is None or type(value) is type(default):
             config[key] = value
-        else:
+        elif where.startswith("--"):  # the value a file or the default gives, in force now
             problems.append(f"{where}: expected {EXPECTED[type(default)]} (now {config[key]!r})")
+        else:
+            problems.append(f"{where}: expected {EXPECTED[type(default)]}")
     if problems:
         raise ConfigError("; ".join(problems))
     return config

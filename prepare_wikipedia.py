@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -51,17 +52,22 @@ DEFAULTS = dict(
     dataset="",  # writeup: the write-ups' own text, split and tokens; wikitext103, wikitext2
     tokens=False,  # with writeup: fetch their token files instead of tokenizing their text
     split="",  # wikitext: WikiText's own train and val files; writeup: the write-ups' counts
-    input=[],  # text files of your own (with --dataset=writeup: a copy of their wikipedia.txt)
-    val=[],  # with --input: the files of the val split
+    # Text files of your own (with --dataset=writeup: a copy of their wikipedia.txt); in a config
+    # file, named as on the command line: input = "a.txt b.txt".
+    input="",
+    val="",  # with --input: the files of the val split
     zip="",  # the dataset's zip, saved by hand
     out_dir="",  # for the outputs and the download
     detokenize=False,  # undo WikiText's marks (the default with --split=writeup and wikitext2)
     train_tokens=38_276_830,  # with --split=writeup: train's tokens, the write-ups' count
     val_tokens=4_341_780,  # with --split=writeup: val's tokens, those that followed theirs
-    val_fraction=0.005,  # with --input and no val file: the share of documents, last, for val
+    # With --input and no val file: the share of documents, the last, for val (or of the lines,
+    # of one text without ` = Title = ` lines).
+    val_fraction=0.005,
     threads=os.cpu_count(),  # the tokenizer's threads
 )
 FILE_LISTS = ("input", "val")  # the keys that take every word up to the next flag
+RENAMED = {"num_proc": "threads"}  # the settings of earlier versions, and their names now
 
 
 # ---------------------------------------- downloads
@@ -296,21 +302,33 @@ def zip_documents(zip_path, member):
             yield from read_documents(text_lines(f, f"{zip_path}:{name}"))
 
 
+def file_lines(paths):
+    for path in paths:
+        with open(path, "rb") as f:
+            yield from text_lines(f, path)
+
+
 def input_splits(paths, val_paths, val_fraction):
-    """(train docs, val docs): the val files if named, else the last documents."""
+    """(train docs, val docs): the val files if named, else the last documents; of one document,
+    its last lines."""
     if val_paths:
         return file_documents(paths), file_documents(val_paths)
     n_docs = sum(1 for _ in file_documents(paths))  # A first pass finds where val begins.
-    if n_docs < 2:
-        raise UserError(f"found {n_docs} document(s) in {' '.join(paths)}, need 2 or more to hold "
-                        "some out for val; HINT: start articles with ` = Title = ` lines, or use "
-                        "--val")
-    n_val = max(1, round(n_docs * val_fraction))
-    if n_val == n_docs:
-        raise ConfigError(f"--val_fraction {val_fraction:g} leaves none of the {n_docs} documents "
-                          "for train; HINT: lower it")
-    docs = file_documents(paths)  # Val goes on with the same read, after train's documents.
-    return itertools.islice(docs, n_docs - n_val), docs
+    if n_docs >= 2:
+        n_val = max(1, round(n_docs * val_fraction))
+        if n_val == n_docs:
+            raise ConfigError(f"--val_fraction {val_fraction:g} leaves none of the {n_docs} "
+                              "documents for train; HINT: lower it")
+        docs = file_documents(paths)  # Val goes on with the same read, after train's documents.
+        return itertools.islice(docs, n_docs - n_val), docs
+    # One text without title lines: its last lines of text are val, each side one document.
+    text_at = [number for number, line in enumerate(file_lines(paths)) if line.strip()]
+    n_val = max(1, round(len(text_at) * val_fraction))
+    if n_val >= len(text_at):
+        raise UserError(f"found {len(text_at)} line(s) of text in {' '.join(paths)}, need 2 or "
+                        "more to hold some out for val; HINT: give more text, or use --val")
+    lines = file_lines(paths)  # Val goes on with the same read, after train's lines.
+    return read_documents(itertools.islice(lines, text_at[-n_val])), read_documents(lines)
 
 
 def detokenize(text):
@@ -611,8 +629,19 @@ def read_settings(argv):
     filled in."""
     lists, rest = file_lists(argv)
     files, overrides = configurator.parse(rest)
-    config = configurator.merge(DEFAULTS, files, overrides, script_keys=FILE_LISTS) | lists
+    for old, new in RENAMED.items():
+        if old in {**files, **overrides}:
+            raise ConfigError(f"--{old} is now --{new}")
+    for key in FILE_LISTS:  # A config file's, unless the command line names them.
+        if key in files and key not in lists:
+            value, path = files.pop(key)
+            if not isinstance(value, str):
+                raise ConfigError(f"{key} = {value!r} in {path}: name the files in one text, as "
+                                  f'on the command line: {key} = "a.txt b.txt"')
+            lists[key] = shlex.split(value)
     given = {*files, *overrides, *lists}
+    config = configurator.merge(DEFAULTS, files, overrides, script_keys=FILE_LISTS)
+    config.update({key: lists.get(key, []) for key in FILE_LISTS})
     name = config["dataset"]
     if not name and (config["tokens"] or not (config["input"] or config["zip"])):
         name = WRITEUP
@@ -685,19 +714,21 @@ def holding(out_dir):
     folder = pathlib.Path(out_dir).absolute()
     # A run that fails takes away the folders that lock_folder makes.
     made = [path for path in [folder, *folder.parents] if not path.exists()]
-    with lock_folder(out_dir, "prepare.lock", "prepare_wikipedia.py"):
-        try:
-            yield temps
-        except BaseException as e:
-            for path in temps.values():  # This run's temporary files go, and a killed run's.
-                pathlib.Path(path).unlink(missing_ok=True)
-            os.remove(os.path.join(out_dir, "prepare.lock"))  # while held: no run holds it unlinked
-            for folder in made:
-                with contextlib.suppress(OSError):  # One that is not empty stays.
-                    os.rmdir(folder)
-            if isinstance(e, Stopped):  # script() raises it for a stop signal.
-                raise Stopped(e.signum, f"{e}: {NOTHING_REPLACED}") from None
-            raise
+    try:
+        with lock_folder(out_dir, "prepare.lock", "prepare_wikipedia.py"):
+            try:
+                yield temps
+            except BaseException:
+                for path in temps.values():  # This run's temporary files go, and a killed run's.
+                    pathlib.Path(path).unlink(missing_ok=True)
+                raise
+    except BaseException as e:
+        for folder in made:  # Now that the lock's file is gone too.
+            with contextlib.suppress(OSError):  # One that is not empty stays.
+                os.rmdir(folder)
+        if isinstance(e, Stopped):  # script() raises it for a stop signal.
+            raise Stopped(e.signum, f"{e}: {NOTHING_REPLACED}") from None
+        raise
 
 
 def prepare_data(argv):
@@ -723,7 +754,10 @@ def prepare_data(argv):
 @script
 def main(argv):
     if configurator.wants_help(argv):
-        print(configurator.usage(__doc__, read_settings(argv)[0]))
+        config = read_settings(argv)[0]
+        for key in FILE_LISTS:  # shown as a config file names them
+            config[key] = shlex.join(config[key])
+        print(configurator.usage(__doc__, config))
         return 0
     prepare_data(argv)
 

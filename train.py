@@ -7,7 +7,7 @@ config file and --key=value flags.
     python train.py config/future50_mse.py                     # one GPU: compile + bf16
     python train.py config/future50_mse.py --init_from=resume  # go on from out_dir/ckpt.pt
     torchrun --standalone --nproc_per_node=8 train.py config/future50_mse.py   # 8 GPUs
-    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=<first node> \
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=<first node> \\
         --master_port=29500 train.py config/future50_mse.py   # and --node_rank=1 on the other
 
 Ctrl-C stops after the step under way, with its state saved.
@@ -106,6 +106,12 @@ def get_config(argv, script_keys=()):
     defaults = dict(DEFAULTS, model_type=model_type)
     for field in dataclasses.fields(MODELS[model_type].GPTConfig):
         defaults[field.name] = field.default
+    for key in [*files, *overrides]:  # a key of another model: name that model
+        owners = [name for name, module in MODELS.items()
+                  if key not in defaults and key in module.GPTConfig.__dataclass_fields__]
+        if owners:
+            raise ConfigError(f"{key} is a key of model_type {' and '.join(owners)}, not of "
+                              f"{model_type}: add --model_type={owners[0]}")
     config = configurator.merge(defaults, files, overrides, script_keys)
     if not config["device"].startswith("cuda") and "compile" not in {**files, **overrides}:
         config["compile"] = False  # compiling is slow on a CPU and young on MPS: only when asked
@@ -223,7 +229,7 @@ def check_data(data_dir, block_size, vocab_size):
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
-            raise UserError(f"no data at {path}: prepare it with prepare_wikipedia.py")
+            raise UserError(f"no data at {path}: prepare it with {prepare_command(data_dir)}")
         n_tokens, odd = divmod(os.path.getsize(path), 2)
         if odd or n_tokens <= block_size:
             raise UserError(f"{path} must hold whole uint16 tokens, more than block_size: "
@@ -241,6 +247,14 @@ def check_data(data_dir, block_size, vocab_size):
         if max_token_id >= vocab_size:
             raise UserError(f"{path} holds token id {max_token_id}: set --vocab_size to more")
     return identity
+
+
+def prepare_command(data_dir):
+    """The command that prepares data_dir, where prepare_wikipedia.py has one of its own."""
+    datasets = {"data/wikipedia": "", "data/wikitext2": " --dataset=wikitext2",
+                "data/wikitext103": " --dataset=wikitext103"}
+    flags = datasets.get(os.path.normpath(data_dir), f" --input TEXT --out_dir={data_dir}")
+    return f"`python prepare_wikipedia.py{flags}`"
 
 
 def check_uint16_ids(path):
@@ -557,25 +571,25 @@ def leaves(value, kind=(int, float), name=""):
 # the run's guards: the out_dir, stop signals, errors of rank 0, divergence
 
 
+@contextmanager
 def claim_out_dir(config):
-    """Locks out_dir. A new run replaces a run there (ckpt.pt or best.pt) only when asked; to a
-    log.jsonl alone, of a launch that saved nothing, it adds its records."""
+    """Locks out_dir while the run lasts. A new run replaces a run there (ckpt.pt or best.pt) only
+    when asked; to a log.jsonl alone, of a launch that saved nothing, it adds its records."""
     out_dir = config["out_dir"]
-    lock = configurator.lock_folder(out_dir, "train.lock", "train.py")
-    for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a process killed while it wrote
-        if os.path.exists(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
-    existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
-                if os.path.exists(os.path.join(out_dir, name))]
-    if config["init_from"] == "scratch" and existing and config["overwrite"]:
-        for name in existing:
-            os.remove(os.path.join(out_dir, name))
-        print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
-    elif config["init_from"] == "scratch" and {"ckpt.pt", "best.pt"} & set(existing):
-        lock.close()
-        raise UserError(f"{out_dir} already holds a run ({', '.join(existing)}): continue it "
-                        "with --init_from=resume, or replace it with --overwrite=True")
-    return lock
+    with configurator.lock_folder(out_dir, "train.lock", "train.py"):
+        for name in ("ckpt.pt.tmp", "best.pt.tmp"):  # left by a process killed while it wrote
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+        existing = [name for name in ("ckpt.pt", "best.pt", "log.jsonl")
+                    if os.path.exists(os.path.join(out_dir, name))]
+        if config["init_from"] == "scratch" and existing and config["overwrite"]:
+            for name in existing:
+                os.remove(os.path.join(out_dir, name))
+            print(f"overwrite=True: deleted {', '.join(existing)} in {out_dir}")
+        elif config["init_from"] == "scratch" and {"ckpt.pt", "best.pt"} & set(existing):
+            raise UserError(f"{out_dir} already holds a run ({', '.join(existing)}): continue it "
+                            "with --init_from=resume, or replace it with --overwrite=True")
+        yield
 
 
 class StopSignals:
@@ -891,7 +905,10 @@ def train(config):
 @configurator.script
 def main(argv):
     if configurator.wants_help(argv):  # with the values the rest of argv gives
-        print(configurator.usage(__doc__, get_config(argv)))
+        config = get_config(argv)
+        print(configurator.usage(__doc__, config))
+        others = [f"--model_type={name} --help" for name in MODELS if name != config["model_type"]]
+        print(f"The other models' keys: {' and '.join(others)}")
         return 0
     train(get_config(argv))
     return 0

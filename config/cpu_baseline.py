@@ -1,8 +1,7 @@
 # The write-ups' baseline in miniature, for the three-model comparison on a CPU (docs/results.md):
 # baseline GPT, 7,220,480 parameters, 43,716,096 training FLOPs per token.
-# Trained on WikiText-2's test split, evaluated on its validation split (the data below):
-#   python prepare_wikipedia.py --input test.txt --val valid.txt --detokenize \
-#       --out_dir=data/wikitext2_test_valid
+# Trained on WikiText-2's test split, evaluated on its validation split (data_dir below, which
+# docs/results.md prepares), then
 #   python train.py config/cpu_baseline.py
 #   python study.py config/cpu_baseline.py config/cpu_future16_mse.py \
 #       config/cpu_encdec_mse_possub.py --seeds=1337,1338,1339,1340,1341,1342 --out_root=study-cpu

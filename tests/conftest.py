@@ -99,7 +99,7 @@ MODEL_VARIANTS = {
 
 
 # --------------------------------------------------------------------------------------
-# the write-ups' models, counted by hand: test_models.py builds them, test_settings.py their configs
+# the write-ups' models, counted by hand: test_models.py builds them, test_train_settings.py their configs
 
 SEED_SHAPE = dict(vocab_size=50257, block_size=200, bias=False, dropout=0.0)
 ENCDEC_SHAPE = dict(SEED_SHAPE, n_embd=150, n_head=5, n_layer=13, cross_n_head=10)

@@ -123,6 +123,14 @@ def test_compare_interleaves_the_runs_and_prints_the_median_of_per_round_ratios(
     assert re.search(r"^future50_mse\[fast\] +3000.0 ms/iter .* ratio 2.000 \(rounds 1.00-3.00\)$", out, re.MULTILINE)
 
 
+def test_a_run_is_labelled_with_its_config_and_the_model_type_a_flag_gives():
+    labels = [label for label, _, _ in bench.parse_args(["config/tiny_cpu.py", "config/future50_mse.py"])[1]]
+    assert labels == ["tiny_cpu", "future50_mse[auto]"]
+    labels = [label for label, _, _ in bench.parse_args(["config/tiny_cpu.py", "--model_type=encdec"])[1]]
+    assert labels == ["tiny_cpu as encdec"]
+    assert [label for label, _, _ in bench.parse_args(["--model_type=future_attn"])[1]] == ["future_attn[auto]"]
+
+
 def test_impl_sets_every_future_attention_layer():
     _, runs = bench.parse_args([*FUTURE, "--impl=readable,fast"])
     assert [(label, impl) for label, _, impl in runs] == [("future50_mse[readable]", "readable"), ("future50_mse[fast]", "fast")]

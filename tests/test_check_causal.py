@@ -173,6 +173,11 @@ def test_the_summary_names_what_was_shrunk(capsys):
         "vocab_size 50257 → 64, "
         "block_size 200 → 24, n_layer 26 → 2, n_embd 160 → 50, dropout 0.2 → 0.0\n")
     assert out.rstrip().endswith(check_causal.CAUSAL)
+    # the user's own flags are theirs, not something the check shrank
+    assert check_causal.main(["config/tiny_cpu.py", "--n_layer=5", "--n_embd=64"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "config/tiny_cpu.py: baseline, with the flags' n_layer 4 → 5, n_embd 128 → 64, shrunk to run in seconds: "
+        "vocab_size 50257 → 64, block_size 64 → 24\n")  # the flags' sizes are kept
     # --full_size: the config as it is, dropout aside, at 16 positions spread over T
     options, original, config, user_keys = check_causal.parse_args(
         ["config/dropout02_baseline.py", "--full_size"])
@@ -775,9 +780,9 @@ def test_the_longest_length_that_runs_is_found(own_models, capsys):
      "the tokens with --embedding=ATTR.PATH"),
     (["--model=own_models.py:causal", "--block_size=1"], "error: block_size must be at least 2"),
     (["--model=own_models.py:causal", "--batch=0"], "error: batch must be at least 1, got 0"),
-    (["--model=length_models.py:no_length"],
-     "error: the forward fails at every length from T=64 down to 2; at T=64: RuntimeError: no "
-     "forward at 64 tokens"),
+    (["--model=length_models.py:no_length"],  # the lengths the binary search tried, no more
+     "error: the forward fails at each length tried, T = 64, 32, 16, 8, 4, 2; at T=64: RuntimeError: no "
+     "forward at 64 tokens. A model that runs at one length alone: give it as --block_size"),
     (["--model=own_models.py:causal", "--probe"],
      "error: the probe's 16 digits 0..9 need T >= 16 and vocab_size >= 10"),
     (["--model=own_models.py:causal", f"{REPO}/config/baseline.py"],

@@ -2,7 +2,7 @@
 Tests of what every script shares (configurator.script, and train.py's signal handling and atomic
 writes): --help, one line and an exit status for an error or a signal, and writes that fail
 cleanly.
-Run: python -m pytest -q tests/test_cli.py
+Run: python -m pytest -q tests/test_command_lines.py
 """
 
 import errno

@@ -5,6 +5,9 @@ now in force (read through train.get_config, as the scripts do).
 Run: python -m pytest -q test_configurator.py
 """
 
+import fcntl
+import os
+
 import pytest
 
 import configurator
@@ -130,11 +133,15 @@ def test_a_value_of_another_kind_in_a_config_file_is_refused(text, kind, tmp_pat
 
 def test_a_wrong_type_in_a_config_file_names_that_file(tmp_path):
     first, second = tmp_path / "first.py", tmp_path / "second.py"
-    first.write_text("max_iters = 5\n")
+    first.write_text("max_iters = 5\nbatch_size = 12\n")
     second.write_text("batch_size = '4'\n")
+    # no "(now 50)": the default is not the value in force, which the first file set
     with pytest.raises(ConfigError) as e:
         train.get_config([str(first), str(second)])
-    assert str(e.value) == f"batch_size = '4' in {second}: expected an integer (now 50)"
+    assert str(e.value) == f"batch_size = '4' in {second}: expected an integer"
+    with pytest.raises(ConfigError) as e:  # a flag's: the value in force, the file's
+        train.get_config([str(first), "--batch_size=four"])
+    assert str(e.value) == "--batch_size=four: expected an integer (now 12)"
 
 
 def test_one_dash_is_not_a_flag(capsys):
@@ -161,3 +168,24 @@ def test_a_scripts_own_keys_are_taken_from_flags_that_are_also_train_pys():
     assert configurator.own_settings(overrides, dict(iters=20, memory=False)) == dict(iters=7, memory=True)
     with pytest.raises(ConfigError, match="--iters=seven: expected an integer"):
         configurator.own_settings({"iters": "seven"}, dict(iters=20))
+
+
+def test_a_folders_lock_file_goes_with_its_holder_and_a_lock_on_a_removed_file_is_taken_again(tmp_path, monkeypatch):
+    path = tmp_path / "x.lock"
+    with configurator.lock_folder(str(tmp_path), "x.lock", "me") as lock:
+        assert path.read_text().startswith("me (process ")
+    assert lock.closed and not path.exists()  # a clean end leaves nothing behind
+    # A holder that ends between our open and our flock removes the file we opened: a lock on
+    # that file would guard nothing, as the next process makes and locks a new one.
+    flock, locked = fcntl.flock, []
+
+    def flock_after_the_holder_ended(f, operation):
+        if not locked:
+            os.remove(f.name)
+        locked.append(os.fstat(f.fileno()).st_ino)
+        return flock(f, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_ended)
+    with configurator.lock_folder(str(tmp_path), "x.lock", "me") as lock:
+        assert len(locked) == 2 and locked[-1] == os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino
+    assert not path.exists()

@@ -1,9 +1,11 @@
 """
 Tests of the devices a run may name (train.py's check_device, and what each device implies in
-train.py and bench.py): `--device=mps`, an Apple-silicon GPU. This machine has none, so the tests
-check the refusal as it is, and the rest with the MPS check replaced (the tensors then stay on
-the CPU): float32 unless asked for bf16, compile off unless asked, AdamW not fused, no pinned
-memory, and bench.py waiting for the GPU around each timed step.
+train.py, bench.py and sample.py): `--device=mps`, an Apple-silicon GPU. This machine has none, so
+the tests check the refusal as it is, and the rest with the MPS check replaced (the tensors then
+stay on the CPU): float32 unless asked for bf16, compile off unless asked, AdamW not fused, no
+pinned memory, and bench.py waiting for the GPU around each timed step. On CUDA: the GPU named
+made the current one, and TF32 on for a run or a benchmark alone.
+Run: python -m pytest -q tests/test_devices.py
 """
 
 import contextlib

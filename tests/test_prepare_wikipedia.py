@@ -452,22 +452,6 @@ def test_a_val_fraction_that_leaves_train_no_document_is_refused(tmp_path):
     assert (meta["train"]["documents"], meta["val"]["documents"]) == (1, 9)
 
 
-def test_the_readme_puts_detokenize_on_the_prepare_command(tmp_path, monkeypatch):
-    # the README's own-text sentence: --detokenize is prepare's flag, an unknown key to train.py
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    sentence = " ".join(re.search(r"Your own text instead:(.*?)More in", readme, re.S)[1].split())
-    prepare, then = sentence.split("then", 1)
-    assert "--detokenize" in prepare and "--detokenize" not in then
-    monkeypatch.chdir(tmp_path)
-    argv = re.search(r"`python prepare_wikipedia.py ([^`]*)`", prepare)[1].split()
-    assert exit_message([*argv, "--detokenize"]) == (  # the settings pass; the text is the user's to give
-        "error: cannot read my_text.txt: no such file or directory")
-    config, *flags = re.search(r"`python train.py ([^`]*)`", then)[1].split()
-    train.get_config([os.path.join(REPO, config), *flags])
-    with pytest.raises(ValueError, match="unknown key detokenize"):
-        train.get_config([os.path.join(REPO, config), *flags, "--detokenize"])
-
-
 def test_help_prints_the_docstring_and_every_key_with_its_value(capsys):
     assert pw.main(["--dataset", "wikitext2", "--help"]) == 0
     usage = capsys.readouterr().out
@@ -513,6 +497,33 @@ def documented_commands():
             words = match[1].replace("$(git ls-files '*.py')", "train.py sample.py")
             commands.append(shlex.split(words))
     return commands
+
+
+def test_one_text_without_title_lines_holds_out_its_last_lines(tmp_path):
+    # no ` = Title = ` line: one document, whose last lines of text (a share of them) are val
+    lines = [f"Line {i} of a text without titles ." for i in range(40)]
+    path = tmp_path / "notes.txt"
+    path.write_text("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n\n", encoding="utf-8")
+    out = tmp_path / "out"
+    meta = pw.prepare_data(["--input", str(path), "--val_fraction", "0.1", "--out_dir", str(out), "--threads", "1"])
+    assert (meta["train"]["documents"], meta["val"]["documents"]) == (1, 1)
+    assert read_docs(out / "val.bin") == ["\n".join(lines[36:]) + "\n\n"]  # the last 4 of 40 lines
+    assert read_docs(out / "train.bin") == ["\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:36]) + "\n"]
+
+
+def test_a_config_file_names_its_text_files_as_the_command_line_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("mine.py").write_text('input = "a.txt \'b c.txt\'"\nval = "held_out.txt"\n')
+    config, given = accepted(["mine.py"])
+    assert (config["input"], config["val"]) == (["a.txt", "b c.txt"], ["held_out.txt"])
+    config, _ = accepted(["mine.py", "--input", "d.txt"])  # the command line wins
+    assert (config["input"], config["val"]) == (["d.txt"], ["held_out.txt"])
+    pathlib.Path("bad.py").write_text('input = ["a.txt"]\n')
+    assert exit_message(["bad.py"]).startswith("error: bad.py: input = ['a.txt'] is a list")
+    pathlib.Path("bad.py").write_text('input = 3\n')
+    assert exit_message(["bad.py"]) == (
+        'error: input = 3 in bad.py: name the files in one text, as on the command line: input = "a.txt b.txt"')
+    assert exit_message(["--num_proc=4"]) == "error: --num_proc is now --threads"
 
 
 def test_a_config_file_sets_keys_and_flags_win_over_it(tmp_path, monkeypatch):
@@ -609,8 +620,12 @@ def test_missing_input_exits_without_traceback(tmp_path):
 
 
 def test_too_little_text_and_unwritable_out_dir(tmp_path):
-    one, = write_files(tmp_path, [ARTICLES[:1]])
-    assert "need 2 or more" in exit_message(["--input", one, "--out_dir", str(tmp_path / "out")])
+    one = tmp_path / "one_line.txt"
+    one.write_text("\n A single line of text , and blank lines . \n\n", encoding="utf-8")
+    assert exit_message(["--input", str(one), "--out_dir", str(tmp_path / "out")]) == (
+        f"error: found 1 line(s) of text in {one}, need 2 or more to hold some out for val; HINT: give "
+        "more text, or use --val")
+    one = str(one)
     assert exit_message(["--input", one, "--out_dir", os.path.join(one, "sub")]) == (
         f"error: cannot create {os.path.join(one, 'sub')}: not a directory; choose another folder")
 
@@ -655,8 +670,9 @@ def test_the_temporary_files_of_a_killed_run_are_removed(tmp_path):
     out.mkdir()
     for name in [*map(tmp, pw.OUTPUTS), "notes.tmp"]:  # a killed run's, and a file of the user's
         (out / name).write_bytes(b"left over")
-    one, = write_files(tmp_path, [ARTICLES[:1]])
-    assert "need 2 or more" in exit_message(["--input", one, "--out_dir", str(out)])  # even a run that fails
+    one = tmp_path / "one_line.txt"
+    one.write_text("A single line of text.\n", encoding="utf-8")
+    assert "need 2 or more" in exit_message(["--input", str(one), "--out_dir", str(out)])  # even a run that fails
     assert outputs(out) == ["notes.tmp"]
 
 

@@ -148,7 +148,7 @@ def test_a_temporary_file_of_a_killed_write_is_removed_by_the_next_run(data_dir,
     assert train.main(argv) == 0
     (out_dir / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
     assert train.main(argv + ["--init_from=resume", "--max_iters=3"]) == 0
-    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl", "train.lock"]
+    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl"]  # the lock is gone with the run
 
 
 def test_a_run_says_how_it_ended(data_dir, tmp_path, capsys):
@@ -389,9 +389,9 @@ def test_new_run_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
 LOCK_HOLDER = """
 import sys, time
 import train
-lock = train.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False))
-print("locked", flush=True)
-time.sleep(120)
+with train.claim_out_dir(dict(out_dir=sys.argv[1], init_from="resume", overwrite=False)):
+    print("locked", flush=True)
+    time.sleep(120)
 """
 
 
@@ -480,7 +480,7 @@ def test_an_overfitting_run_resumes_from_its_latest_evaluation_not_its_best(data
     best, latest = load_checkpoint(str(out_dir / "best.pt")), load_checkpoint(str(out_dir / "ckpt.pt"), TRAINING_KEYS)
     assert best["iter_num"] == 2 and best["best_val_loss"] == 4.0
     assert latest["iter_num"] == 6 and latest["best_val_loss"] == 4.0
-    assert set(os.listdir(out_dir)) == {"ckpt.pt", "best.pt", "log.jsonl", "train.lock"}  # two checkpoints at most
+    assert set(os.listdir(out_dir)) == {"ckpt.pt", "best.pt", "log.jsonl"}  # two checkpoints at most
     assert "optimizer" not in best  # the model only
     for name, p in best["model"].items():  # best.pt is not the latest model
         if not torch.equal(p, latest["model"][name]):
@@ -951,7 +951,7 @@ def test_a_double_ctrl_c_is_one_request_and_a_later_one_stops_at_once(gap, data_
         assert saved == 3 and "stopped at once" not in done.stderr
     else:
         assert saved == 0 and done.stderr.endswith("stopped at once by a second SIGINT\n")
-    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl", "train.lock"]  # no .tmp
+    assert sorted(os.listdir(out_dir)) == ["best.pt", "ckpt.pt", "log.jsonl"]  # no .tmp, no lock
 
 
 @pytest.mark.parametrize("while_", ["compiling", "evaluating"])

@@ -2,7 +2,7 @@
 Tests of train.py's check of the data: it refuses data that is missing, short, beyond the
 vocabulary or of another preparation, in one line, before it writes anything. Token files written
 here.
-Run: python -m pytest -q tests/test_data.py
+Run: python -m pytest -q tests/test_train_data.py
 """
 
 import hashlib
@@ -25,13 +25,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys):
     argv = flags(**{**TINY, "data_dir": str(tmp_path), "out_dir": str(tmp_path / "out")})
     assert train.main(argv) == 1
-    assert last_error(capsys) == f"error: no data at {tmp_path}/train.bin: prepare it with prepare_wikipedia.py\n"
+    assert last_error(capsys) == (f"error: no data at {tmp_path}/train.bin: prepare it with `python "
+                                  f"prepare_wikipedia.py --input TEXT --out_dir={tmp_path}`\n")
     for split in ("train", "val"):
         np.arange(16, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")  # a window needs 17 tokens
     assert train.main(argv) == 1
     assert last_error(capsys) == (f"error: {tmp_path}/train.bin must hold whole uint16 tokens, more than "
                                   "block_size: prepare the data again, or more of it\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("data_dir, command", [
+    ("data/wikipedia", "python prepare_wikipedia.py"),
+    ("data/wikitext2", "python prepare_wikipedia.py --dataset=wikitext2"),
+    ("./data/wikitext103/", "python prepare_wikipedia.py --dataset=wikitext103"),
+])
+def test_missing_data_names_the_command_that_prepares_it(data_dir, command, tmp_path, monkeypatch, capsys):
+    # the folders prepare_wikipedia.py writes by default: each has its own command
+    monkeypatch.chdir(tmp_path)
+    assert train.main(flags(**{**TINY, "data_dir": data_dir, "out_dir": "out"})) == 1
+    assert last_error(capsys).endswith(f"train.bin: prepare it with `{command}`\n")
 
 
 def write_data(path, train_tokens, val_tokens, meta=None):

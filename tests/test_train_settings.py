@@ -3,11 +3,13 @@ Tests of train.py's settings and the config files it reads: each model's own key
 that refuse a bad setting before training in one line, --help with a config's values, the
 shipped configs (the write-ups' parameter counts and settings, the next steps' bases), and the
 GPU peaks that MFU is measured against.
-Run: python -m pytest -q tests/test_settings.py
+Run: python -m pytest -q tests/test_train_settings.py
 """
 
 import glob
 import os
+import re
+import shlex
 
 import pytest
 import torch
@@ -29,13 +31,19 @@ SEED_PARAMS = {name: published["params"] for name, published in report.WRITEUP.i
 
 
 def test_model_keys_are_valid_only_for_their_model(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key future_dim"):
+    # a key of another model names that model
+    with pytest.raises(ConfigError, match="^future_dim is a key of model_type future_attn, not of baseline: add "
+                                          "--model_type=future_attn$"):
         train.get_config(["--future_dim=50"])  # the baseline has no future_dim
+    with pytest.raises(ConfigError, match="^sub_pos is a key of model_type baseline and encdec, not of future_attn"):
+        train.get_config(["--model_type=future_attn", "--sub_pos=yes"])
+    with pytest.raises(ConfigError, match="^unknown key n_layers; did you mean n_layer"):  # a key of no model
+        train.get_config(["--n_layers=3"])
     assert train.get_config(["--model_type=future_attn", "--future_dim=50"])["future_dim"] == 50
     path = tmp_path / "fa.py"
     path.write_text("model_type = 'future_attn'\n")
     assert train.get_config([str(path), "--future_dim=7"])["future_dim"] == 7  # model_type from the file
-    with pytest.raises(ConfigError, match="unknown key embedding_loss_type"):
+    with pytest.raises(ConfigError, match="embedding_loss_type is a key of model_type encdec"):
         train.get_config(["--model_type=future_attn", "--embedding_loss_type=mse"])
     with pytest.raises(ConfigError, match="model_type must be one of"):
         train.get_config(["--model_type=lstm"])
@@ -67,6 +75,34 @@ def test_bad_setting_is_one_line(setting, message, data_dir, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "log.jsonl")
 
 
+def documented_train_commands():
+    """The arguments of every `python train.py config/NAME.py ...` command in the README, docs/,
+    config/ and train.py's docstring, a shell variable or placeholder left out."""
+    names = ["README.md", "train.py", *glob.glob("docs/*.md", root_dir=REPO), *glob.glob("config/*.py", root_dir=REPO)]
+    commands = []
+    for name in names:
+        with open(os.path.join(REPO, name), encoding="utf-8") as f:
+            text = re.sub(r"\\\n[#\s]*", " ", f.read())  # a command wrapped with a backslash
+        for match in re.finditer(r"python train\.py (config/\w+\.py[^`#\n|]*)", text):
+            argv = [word for word in shlex.split(match[1]) if "$" not in word and "<" not in word]
+            if os.path.exists(os.path.join(REPO, argv[0])):  # not config/X.py, a placeholder
+                commands.append(argv)
+    return commands
+
+
+def test_every_documented_train_command_is_accepted(monkeypatch):
+    # a flag of another script (prepare's --detokenize) or a key of another model in a
+    # documented command is refused, as a user typing it would be
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(train, "check_device", lambda device: None)  # the GPU commands too
+    commands = documented_train_commands()
+    assert ["config/tiny_cpu.py", "--data_dir=data/mytext"] in commands and len(commands) > 30
+    for argv in commands:
+        train.get_config(argv)
+    with pytest.raises(ConfigError, match="unknown key detokenize"):
+        train.get_config(["config/tiny_cpu.py", "--data_dir=data/mytext", "--detokenize"])
+
+
 def test_warmup_as_long_as_decay_fails_before_training_not_after(data_dir, tmp_path, capsys):
     # it used to divide by zero once training reached lr_decay_iters
     argv = argv_for(data_dir, tmp_path, warmup_iters=3, lr_decay_iters=3, max_iters=5)
@@ -78,6 +114,10 @@ def test_warmup_as_long_as_decay_fails_before_training_not_after(data_dir, tmp_p
 def test_train_help_shows_the_values_a_config_gives(capsys):
     assert train.main([os.path.join(REPO, "config/future50_mse.py"), "--max_iters=7", "-h"]) == 0
     out = capsys.readouterr().out
+    # the other models' keys are one flag away, and the two-node lines stay two lines
+    assert out.rstrip().endswith("The other models' keys: --model_type=baseline --help and --model_type=encdec --help")
+    first_node = next(line for line in out.splitlines() if "--nnodes=2" in line)
+    assert first_node.endswith("\\") and "--master_port" not in first_node
     assert "--future_dim=50" in out and "--max_iters=7" in out and "--model_type='future_attn'" in out
 
 
@@ -87,7 +127,7 @@ def test_train_help_shows_the_values_a_config_gives(capsys):
 
 def test_every_config_has_a_file():
     names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
-    assert names == set(SEED_PARAMS) | set(NEXT_STEPS) | {"tiny_cpu"}
+    assert names == set(SEED_PARAMS) | set(NEXT_STEPS) | set(CPU_STUDY) | {"tiny_cpu"}
 
 
 def config_and_model(name):
@@ -179,6 +219,31 @@ def test_seed_config_builds_the_seed_parameter_count(name, expected):
                          weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=200, grad_clip=0.0)
     assert {k: config[k] for k in seed_settings} == seed_settings
     assert config["dropout"] == (0.2 if name == "dropout02_baseline" else 0.0)
+
+
+# the three models in miniature for a CPU (docs/results.md), and their parameter counts
+CPU_STUDY = {"cpu_baseline": 7_220_480, "cpu_future16_mse": 7_284_992, "cpu_encdec_mse_possub": 7_239_456}
+
+
+def test_the_cpu_configs_are_the_writeups_best_runs_in_miniature_on_equal_terms():
+    runs = {name: config_and_model(name) for name in CPU_STUDY}
+    base_config, base_model = runs["cpu_baseline"]
+    for name, (config, model) in runs.items():
+        assert model.get_num_params() == CPU_STUDY[name]
+        assert abs(model.get_num_params() / base_model.get_num_params() - 1) < 0.01  # within 1%
+        with open(os.path.join(REPO, "config", f"{name}.py")) as f:
+            header = f.read().split("\n\n")[0]  # its count and FLOPs, as the next steps' headers
+        assert f"{CPU_STUDY[name]:,} parameters" in header
+        assert f"{model.flops_per_token():,} training FLOPs per token" in header
+        assert config["out_dir"] == f"out-{name}" and config["vocab_size"] == 50257  # GPT-2's tokens
+        # the same data and training, token for token; only the model differs
+        training = [key for key in train.DEFAULTS if key not in ("model_type", "out_dir")]
+        assert {key: config[key] for key in training} == {key: base_config[key] for key in training}
+        assert config["block_size"] == base_config["block_size"] == 64
+    future = runs["cpu_future16_mse"][0]  # the write-ups' best: a quarter of the context, MSE
+    assert (future["future_dim"], future["future_attn_loss_type"]) == (16, "mse")
+    encdec = runs["cpu_encdec_mse_possub"][0]  # MSE embedding loss and position subtraction
+    assert (encdec["embedding_loss_type"], encdec["sub_pos"], encdec["embedding_loss_coeff"]) == ("mse", "yes", 8.0)
 
 
 # --------------------------------------------------------------------------------------
