@@ -40,6 +40,12 @@ def test_sample_from_a_checkpoint(trained_runs, tmp_path, capsys):
     assert sample.main(["--out_dir", trained_runs["baseline"], "--device", "cpu", "--num_samples", "2",
                         "--max_new_tokens", "5", "--start", "Hello world"]) == 0
     assert capsys.readouterr().out == out
+    # the run folder as a plain word, as report.py and visualize.py take it
+    assert sample.main([trained_runs["baseline"], *argv[1:], "--start=Hello world"]) == 0
+    assert capsys.readouterr().out == out
+    assert sample.main([trained_runs["baseline"], trained_runs["future_attn"], *argv[1:]]) == 2
+    assert last_error(capsys) == (f"error: one run to sample from, not 2: {trained_runs['baseline']} "
+                                  f"{trained_runs['future_attn']}\n")
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Once upon a time<|endoftext|>")
     texts = sample.sample(configurator.merge(sample.DEFAULTS, *configurator.parse(argv + [f"--start=FILE:{prompt}"])))
