@@ -6,7 +6,6 @@ Draws what a model that train.py trained has learned, from each run's best.pt (o
     python visualize.py out-encdec_possub out-encdec_plain --layer=3 --head=0 --save_dir=pictures
 """
 
-import math
 import os
 import sys
 
@@ -54,8 +53,14 @@ def future_square(P_omni, T):
     return square
 
 
-def forward_with_hooks(model, idx, hooks):
-    """One forward pass in eval mode (no dropout) for the hooks to see."""
+def forward_seen(model, idx, modules):
+    """{module: (its forward's arguments, its output)}, from one forward pass in eval mode."""
+    seen = {}
+
+    def keep(module, args, out):
+        seen[module] = (args, out)
+
+    hooks = [m.register_forward_hook(keep) for m in modules]
     was_training = model.training
     try:
         model.eval()
@@ -64,6 +69,7 @@ def forward_with_hooks(model, idx, hooks):
         model.train(was_training)
         for hook in hooks:
             hook.remove()
+    return seen
 
 
 @torch.no_grad()
@@ -77,23 +83,21 @@ def attention_maps(model, idx):
     else:
         modules = dict(encoder=[b.attn for b in tr.encoder], decoder=[b.attn for b in tr.decoder],
                        cross=[b.cross_attn for b in tr.decoder])
-    inputs = {}  # module: the arguments of its forward
-    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m, args))
-             for layer_modules in modules.values() for m in layer_modules]
-    forward_with_hooks(model, idx, hooks)
+    seen = forward_seen(model, idx, [m for stack in modules.values() for m in stack])
     maps = {kind: [] for kind in modules}
     for kind, layer_modules in modules.items():
         for m in layer_modules:
+            args, _ = seen[m]
             if hasattr(m, "attention_weights"):  # future attention's own P_omni and P*
-                P_omni, P_star = m.attention_weights(inputs[m][0])
+                P_omni, P_star = m.attention_weights(args[0])
                 maps[kind].append(future_square(P_omni, idx.size(1)))
                 maps.setdefault("target", []).append(P_star)
                 continue
             if hasattr(m, "c_q"):  # cross-attention: keys from the encoder
-                encoder_x, decoder_x = inputs[m]
+                encoder_x, decoder_x = args
                 q, k = m.c_q(decoder_x), m.c_kv(encoder_x)[..., :m.n_embd]  # (B, T, d) each
             else:
-                q, k, _ = m.c_attn(inputs[m][0]).split(m.n_embd, dim=2)  # (B, T, d) each
+                q, k, _ = m.c_attn(args[0]).split(m.n_embd, dim=2)  # (B, T, d) each
             maps[kind].append(causal_weights(q, k, m.n_head))
             if kind == "future":
                 maps.setdefault("target", []).append(None)  # a causal layer has no target
@@ -117,13 +121,10 @@ def embedding_loss_sides(model, idx):
     cfg, tr = model.config, model.transformer
     if getattr(cfg, "embedding_loss_type", "none") == "none":
         return None
-    captured = {}
-    hooks = [
-        tr.encoder[0].register_forward_pre_hook(lambda m, args: captured.update(E=args[0])),
-        tr.encoder[-1].register_forward_hook(lambda m, args, out: captured.update(encoder_out=out)),
-    ]
-    forward_with_hooks(model, idx, hooks)
-    E, encoder_out = captured["E"], captured["encoder_out"]
+    seen = forward_seen(model, idx, [tr.encoder[0], tr.encoder[-1]])
+    first_block_args, _ = seen[tr.encoder[0]]
+    E = first_block_args[0]  # the encoder's input
+    _, encoder_out = seen[tr.encoder[-1]]
     if cfg.ln_encoder_out:
         encoder_out = tr.ln_b(encoder_out)  # LN_b
     if cfg.embedding_ln == "init":
@@ -170,12 +171,14 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, dpi):
     T = len(labels)
     keys = max(maps[layer].size(-1) for layer in layers)  # P_omni's run past the prompt
     widths = [min(keys / T, 3.0), 1.0] if targets else [1.0]
-    names = ["P_omni", "P* (its target)"] if targets else [""]
     size = attention_figsize(len(layers), len(heads), widths)
-    fig, axes = pyplot().subplots(len(layers), len(heads) * len(names), squeeze=False,
+    fig, axes = pyplot().subplots(len(layers), len(heads) * len(widths), squeeze=False,
                                   figsize=size, layout="constrained",
                                   gridspec_kw=dict(width_ratios=widths * len(heads)))
-    step = math.ceil(T * 0.2 / (size[1] / len(layers)))  # a token label every 0.2 inches
+
+    def token(position, _):  # a tick's label; none past the prompt, on P_omni's keys
+        return labels[int(position)] if 0 <= position < T else ""
+
     for row, layer in enumerate(layers):
         panels = [maps[layer], targets[layer]] if targets else [maps[layer]]
         for column, head in enumerate(heads):
@@ -189,15 +192,21 @@ def draw_attention(path, title, maps, targets, layers, heads, labels, dpi):
                 image = ax.imshow(P, cmap="Blues", norm="log", vmin=1e-3, vmax=1.0, aspect="auto",
                                   interpolation="nearest")
                 ax.plot([-0.5, T - 0.5], [-0.5, T - 0.5], color="C1", lw=0.8)  # the diagonal
-                ax.set_yticks(range(0, T, step), labels[::step])
-                ax.set_xticks(range(0, T, step), labels[::step], rotation=90)
+                # as many ticks as have room for their labels, as matplotlib counts it
+                ax.locator_params(integer=True)
+                ax.xaxis.set_major_formatter(token)
+                ax.yaxis.set_major_formatter(token)
+                ax.tick_params(axis="x", labelrotation=90)
                 if row == 0:  # the heads name the columns
-                    ax.set_title(f"head {head} {names[k]}" if k == 0 else names[k])
-                ax.set(ylabel=f"layer {layer}: query i", xlabel="key j")
+                    ax.set_title(f"head {head}" if k == 0 else "P*")
+                # across, so that the label of a low row overlaps no other
+                ax.set_ylabel(f"layer {layer}", rotation=0, ha="right", va="center")
+                ax.set_xlabel("key j")
                 ax.label_outer()
     fig.colorbar(image, ax=axes, location="bottom", shrink=0.5, aspect=40,
                  label="attention weight (log scale)")
-    fig.suptitle(title)
+    fig.supylabel("query i")
+    fig.suptitle(f"{title}: each head's P_omni, then its target P*" if targets else title)
     save(fig, path, dpi)
 
 
@@ -222,15 +231,22 @@ def draw_embeddings(path, stats, dpi):
 # the script
 
 
-def pick(config, key, count, name):
-    """[--key], checked, or at most --grid of 0..count-1 spread evenly."""
-    if config[key] is None:
-        # at most count points over count - 1: at least 1 apart, so distinct
-        return np.linspace(0, count - 1, min(count, config["grid"])).round().astype(int).tolist()
-    if config[key] not in range(count):
-        raise ConfigError(f"{key} must be in 0..{count - 1} ({name} has {count} {key}s), "
+def pick(config, key, counts, name):
+    """{kind of attention: the layers or heads to draw}, counts[kind] being how many it has:
+    [--key] for each kind that has it, or at most --grid of the kind's own, spread evenly."""
+    most = max(counts.values())
+    if config[key] is not None and config[key] not in range(most):
+        raise ConfigError(f"{key} must be in 0..{most - 1} ({name} has {most} {key}s), "
                           f"got {config[key]!r}")
-    return [config[key]]
+    picked = {}
+    for kind, count in counts.items():
+        if config[key] is None:
+            # at most count points over count - 1: at least 1 apart, so distinct
+            spread = np.linspace(0, count - 1, min(count, config["grid"])).round()
+            picked[kind] = spread.astype(int).tolist()
+        elif config[key] < count:
+            picked[kind] = [config[key]]
+    return picked
 
 
 def draw_run(name, model, ids, labels, config, save_dir):
@@ -239,19 +255,19 @@ def draw_run(name, model, ids, labels, config, save_dir):
     C = model.config.block_size
     if len(ids) > C:
         print(f"note: {name} reads the first {C} of the prompt's {len(ids)} tokens")
-    idx, labels = torch.tensor(ids[:C])[None, :], labels[:C]  # (1, T)
+    idx = torch.tensor(ids[:C])[None, :]  # (1, T)
+    labels = labels[:C]
     maps = attention_maps(model, idx)
     targets = maps.pop("target", None)
-    n_heads = {kind: layer_maps[0].size(1) for kind, layer_maps in maps.items()}
-    layers = pick(config, "layer", len(next(iter(maps.values()))), name)
-    heads = pick(config, "head", max(n_heads.values()), name)
+    layers = pick(config, "layer", {kind: len(m) for kind, m in maps.items()}, name)
+    heads = pick(config, "head", {kind: m[0].size(1) for kind, m in maps.items()}, name)
     for kind, layer_maps in maps.items():
+        if kind not in layers or kind not in heads:
+            continue  # a --layer or --head that only other kinds have
         path = os.path.join(save_dir, f"attention_{kind}_{name}.png")
-        kind_heads = [head for head in heads if head < n_heads[kind]]
-        if kind_heads:
-            draw_attention(path, f"{name}: {kind} attention", layer_maps, targets, layers,
-                           kind_heads, labels, config["dpi"])
-            print(f"wrote {path}: layers {layers}, heads {kind_heads}")
+        draw_attention(path, f"{name}: {kind} attention", layer_maps, targets, layers[kind],
+                       heads[kind], labels, config["dpi"])
+        print(f"wrote {path}: layers {layers[kind]}, heads {heads[kind]}")
     sides = embedding_loss_sides(model, idx)
     if sides is None:
         return
@@ -290,7 +306,8 @@ def main(argv):
     stats = {}
     for out_dir in out_dirs:
         name = os.path.basename(os.path.normpath(out_dir))
-        name = name if name not in stats else f"{name}_{len(stats) + 1}"  # two runs named alike
+        if name in stats:  # two runs named alike
+            name = f"{name}_{len(stats) + 1}"
         model = model_from_checkpoint(load_checkpoint(model_path(out_dir, config["checkpoint"])))
         draw_run(name, model.eval(), ids, labels, config, save_dir)
         stats[name] = embedding_stats(model)

@@ -7,6 +7,7 @@ Run: python -m pytest -q tests/test_report.py
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def test_report_table_over_two_runs(trained_runs, tmp_path, capsys):
     missing = str(tmp_path / "missing")
     assert report.main([trained_runs["baseline"], missing, f"--plot={tmp_path / 'loss.png'}"]) == 1
     captured = capsys.readouterr()
-    assert "missing: no log.jsonl there" in captured.err and "baseline" in captured.out
+    assert f"error: no folder {missing}\n" in captured.err and "baseline" in captured.out
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the others plotted
 
 
@@ -112,7 +113,7 @@ def test_report_skips_cut_off_lines(tmp_path, capsys):
             captured.err)
     rows = table(captured.out)
     assert rows["end"][3:5] == ["300", "of"] and rows["end"][8] == "3.700"
-    assert rows["middle"][3:7] == ["310", "49,600,000", "3.600", "3.500"]
+    assert rows["middle"][3:8] == ["310", "49,600,000", "3.600", "3.500", "3.500"]
 
 
 def test_a_launch_from_an_earlier_checkpoint_replaces_what_came_after_it(tmp_path, capsys):
@@ -132,7 +133,8 @@ def test_a_launch_from_an_earlier_checkpoint_replaces_what_came_after_it(tmp_pat
     assert wall_s == 12.0 + 11.0 + 12.0  # each launch, from its start to its last record
     assert report.main([str(tmp_path / "run")]) == 0
     row = table(capsys.readouterr().out)["run"]
-    assert row[3:7] == ["250", f"{200 * 160_000 + 50 * 10:,}", "3.600", "3.300"]
+    # the best val loss too is the records' that were kept: the lost launch's 3.1 is gone
+    assert row[3:8] == ["250", f"{200 * 160_000 + 50 * 10:,}", "3.600", "3.300", "3.300"]
 
 
 def test_a_run_short_of_max_iters_says_so(tmp_path, capsys):
@@ -146,7 +148,7 @@ def test_a_run_short_of_max_iters_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     rows = table(out)
     assert rows["short"][3:6] == ["6", "of", "300"] and rows["done"][3] == "300"
-    assert rows["new"][3:6] == ["0", "of", "300"] and rows["new"][7:9] == ["-", "-"]
+    assert rows["new"][3:6] == ["0", "of", "300"] and rows["new"][7:10] == ["-", "-", "-"]
     assert out.splitlines()[-2:] == [
         "note: short stopped at iteration 6 of 300: its losses are from iteration 0",
         "note: new stopped at iteration 0 of 300: its losses are none"]
@@ -169,10 +171,11 @@ def test_report_shows_the_writeup_beside_a_run_in_a_writeup_configs_folder(tmp_p
         ["write-up:", "encdec_plain"], ["other", "future_attn"], ["changed", "future_attn"],
         ["write-up:", "future50_mse"], ["note:", "mine"], ["note:", "other"], ["note:", "changed"]]
     other_data = ["not", "the", "write-up's", "data:", "data/mine"]
-    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419",
+    # the write-ups published their last val loss, not their best: "-" under best val loss
+    assert lines[2].split()[2:] == ["15,817,248", "9000", "1,440,000,000", "3.017", "3.419", "-",
                                     "0.07681", *other_data]
     assert lines[4].split()[2:] == ["15,763,200", "9000", "1,440,000,000", "3.043", "3.413", "-",
-                                    *other_data]
+                                    "-", *other_data]
     # the write-up's numbers sit under the run's own columns
     assert lines[2].index("3.017") == lines[1].index("3.600")
     assert lines[2].index("3.419") == lines[1].index("3.700")
@@ -206,9 +209,11 @@ def test_the_write_up_line_says_whether_the_data_was_theirs(tmp_path, capsys):
 
 
 def test_the_writeup_numbers_are_the_writeup_configs():
-    # the configs of the write-ups' next steps have no published numbers
+    # the configs of the write-ups' next steps, and those at a CPU's scale, have no published
+    # numbers
     configs = {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(REPO, "config"))}
-    assert set(report.WRITEUP) == configs - {"tiny_cpu"} - set(NEXT_STEPS)
+    cpu_scale = {name for name in configs if name.startswith("cpu_")} | {"tiny_cpu"}
+    assert set(report.WRITEUP) == configs - cpu_scale - set(NEXT_STEPS)
     for name, published in report.WRITEUP.items():
         path = os.path.join(REPO, "config", f"{name}.py")
         with open(path) as f:
@@ -250,11 +255,92 @@ def test_the_plot_has_a_legend_and_a_colour_for_each_run(tmp_path, monkeypatch):
     assert [list(line.get_ydata()) for line in val_lines] == [[3.0 + i / 10] for i in range(12)]
 
 
-def test_plot_alone_draws_losses_png(trained_runs, tmp_path, monkeypatch, capsys):
+def test_two_runs_get_tab10s_first_two_colours(tmp_path, monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from matplotlib.colors import to_rgb
+    figures, subplots = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *args, **kwargs: figures.append(
+        subplots(*args, **kwargs)) or figures[-1])
+    for name in ("a", "b"):
+        write_log(tmp_path / name, fake_run([TINY, "--max_iters=300"]))
+    argv = [str(tmp_path / "a"), str(tmp_path / "b"), f"--plot={tmp_path / 'curves.png'}"]
+    assert report.main(argv) == 0
+    (fig, axes), = figures
+    tab10 = plt.colormaps["tab10"].colors
+    for ax in axes:
+        first, second = (to_rgb(line.get_color()) for line in ax.get_lines())
+        assert (first, second) == (tab10[0], tab10[1])
+        # blue against orange, not the two dark ends of one colour map
+        assert sum((x - y) ** 2 for x, y in zip(first, second)) ** 0.5 > 0.5
+
+
+def test_plot_alone_draws_losses_png_in_the_first_runs_folder(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
-    monkeypatch.chdir(tmp_path)
-    assert report.main([trained_runs["baseline"], "--plot"]) == 0
-    assert (tmp_path / "losses.png").exists() and "saved losses.png" in capsys.readouterr().out
+    for name in ("a", "b"):
+        write_log(tmp_path / name, fake_run([TINY, "--max_iters=300"]))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where a user often stands: the repository's root
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    # --plot alone, at the end or before a flag; then before a run folder, which stays a run
+    for argv in ([a, b, "--plot"], [a, "--plot", "--plot=", b], ["--plot", a, b]):
+        assert report.main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert {"a", "b"} <= set(table(out))
+        assert out.splitlines()[-1] == f"saved {a}/losses.png"
+        assert (tmp_path / "a" / "losses.png").read_bytes()[:4] == b"\x89PNG"
+        os.remove(tmp_path / "a" / "losses.png")
+    assert os.listdir(tmp_path / "cwd") == []
+    # an image's file name after --plot is the picture's
+    assert report.main([a, "--plot", str(tmp_path / "curves.svg")]) == 0
+    assert (tmp_path / "curves.svg").exists() and not (tmp_path / "a" / "losses.png").exists()
+
+
+def test_run_folders_as_out_dir_flags(tmp_path, capsys):
+    # --out_dir=RUN, as train.py writes it, and --out_dir RUN, each as often as there are runs
+    for name in ("a", "b"):
+        write_log(tmp_path / name, fake_run([TINY, "--max_iters=300"]))
+    assert report.main([f"--out_dir={tmp_path / 'a'}", "--out_dir", str(tmp_path / "b")]) == 0
+    assert list(table(capsys.readouterr().out)) == ["a", "b"]
+
+
+def test_the_best_val_loss_beside_the_last(tmp_path, capsys):
+    # a run that overfits: its val loss falls to 3.2, then rises; the last evaluation not finite
+    records = fake_run([TINY, "--max_iters=300"], iters=100, val_loss=3.7)
+    for i, val_loss in ((200, 3.2), (300, 3.5)):
+        records.append(dict(records[-1], iter=i, val_loss=val_loss))
+    write_log(tmp_path / "overfit", records)
+    write_log(tmp_path / "diverged", records + [dict(records[-1], iter=300, val_loss=None)])
+    assert report.main([str(tmp_path / "overfit"), str(tmp_path / "diverged")]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert re.split(r"\s{2,}", header)[5:9] == ["train loss", "val loss", "best val loss",
+                                                "aux loss"]
+    rows = table(out)
+    assert rows["overfit"][5:8] == ["3.600", "3.500", "3.200"]
+    assert rows["diverged"][5:8] == ["3.600", "non-finite", "3.200"]
+    # each number under its column's name
+    line = out.splitlines()[1]
+    assert line.index("3.200") == header.index("best val loss")
+
+
+def test_files_are_skipped_and_only_folders_are_runs(tmp_path, capsys):
+    # python report.py study/*: the study's own files among its run folders
+    write_log(tmp_path / "study" / "baseline-seed1", fake_run([TINY, "--max_iters=300"]))
+    for name in ("study.md", "study.png", "study.json"):
+        (tmp_path / "study" / name).write_text("")
+    words = sorted(str(path) for path in (tmp_path / "study").iterdir())
+    assert report.main(words) == 0
+    captured = capsys.readouterr()
+    assert list(table(captured.out)) == ["baseline-seed1"] and captured.err == ""
+    # a folder that is not there and a folder that holds no run: each said in its own words
+    (tmp_path / "empty").mkdir()
+    argv = [str(tmp_path / "nowhere"), str(tmp_path / "empty"), *words]
+    assert report.main(argv) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: no folder {tmp_path / 'nowhere'}",
+        f"error: {tmp_path / 'empty'} holds no log.jsonl: not a run of train.py"]
+    assert report.main([str(tmp_path / "study" / "study.md")]) == 2  # no folder left
+    assert "no run folder given" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

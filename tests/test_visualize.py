@@ -11,6 +11,7 @@ Run: python -m pytest -q tests/test_visualize.py (offline: export TIKTOKEN_CACHE
 
 import importlib.util
 import os
+import re
 import shutil
 import struct
 import sys
@@ -330,6 +331,34 @@ def test_the_panels_are_as_wide_as_their_keys_with_square_cells(tmp_path, monkey
     assert 1 / 3 < drawn["norm"](1 / T) < 2 / 3 and drawn["norm"](1.0) == 1.0
 
 
+@draws
+@pytest.mark.parametrize("n_layers, n_heads, T, future_dim", [
+    (6, 6, 30, 50),  # the default --grid over the write-up's model, on a 30-token prompt
+    (2, 2, 8, 63),  # P_omni's keys nine times the prompt's: its token labels at the left only
+])
+def test_no_two_labels_overlap(n_layers, n_heads, T, future_dim, tmp_path, monkeypatch):
+    import matplotlib.text
+    square, target = fake_future_maps(n_layers, n_heads, T, future_dim)
+    save, texts = visualize.save, []
+
+    def measured_save(fig, path, dpi):
+        fig.canvas.draw()  # tick labels exist once drawn
+        renderer = fig.canvas.get_renderer()
+        texts.extend((t.get_text(), t.get_window_extent(renderer))
+                     for t in fig.findobj(matplotlib.text.Text)
+                     if t.get_visible() and t.get_text().strip())
+        save(fig, path, dpi)
+
+    monkeypatch.setattr(visualize, "save", measured_save)
+    labels = [f"token{t}" for t in range(T)]
+    visualize.draw_attention(str(tmp_path / "a.png"), "run: future attention", square, target,
+                             list(range(n_layers)), list(range(n_heads)), labels, dpi=80)
+    assert sum(text.startswith("layer ") for text, _ in texts) == n_layers  # a label per row
+    overlapping = [(text, other) for i, (text, box) in enumerate(texts)
+                   for other, other_box in texts[i + 1:] if box.overlaps(other_box)]
+    assert not overlapping
+
+
 # --------------------------------------------------------------------------------------
 # the script, on checkpoints that train.py writes
 
@@ -472,12 +501,50 @@ def test_one_layer_and_head(runs, tmp_path, capsys):
 ])
 def test_the_grid_spreads_the_layers_and_heads(grid, count, picked):
     config = dict(visualize.DEFAULTS, grid=grid)
-    assert visualize.pick(config, "layer", count, "run") == picked
+    assert visualize.pick(config, "layer", {"self": count}, "run") == {"self": picked}
     # the reference: the first and the last, and between them as evenly as whole indices go
     if len(picked) > 1:
         gaps = [b - a for a, b in zip(picked, picked[1:])]
         assert picked[0] == 0 and picked[-1] == count - 1 and max(gaps) - min(gaps) <= 1
-    assert visualize.pick(dict(config, head=count - 1), "head", count, "run") == [count - 1]
+    assert visualize.pick(dict(config, head=count - 1), "head", {"self": count}, "run") == {
+        "self": [count - 1]}
+
+
+@pytest.mark.parametrize("flags, drawn", [
+    # each kind of attention spreads --grid over its own heads and layers: the self-attentions'
+    # 4 heads all, not those of 0..7 below 4 ([0, 1, 3])
+    ({}, {"encoder": ([0, 1, 2], [0, 1, 2, 3]), "decoder": ([0], [0, 1, 2, 3]),
+          "cross": ([0], [0, 1, 3, 4, 6, 7])}),
+    ({"grid": 3}, {"encoder": ([0, 1, 2], [0, 2, 3]), "decoder": ([0], [0, 2, 3]),
+                   "cross": ([0], [0, 4, 7])}),
+    # a layer or a head that only some kinds have is drawn for those
+    ({"head": 5}, {"cross": ([0], [5])}),
+    ({"layer": 2, "head": 1}, {"encoder": ([2], [1])}),
+])
+def test_each_kind_of_attention_picks_from_its_own_heads(flags, drawn, monkeypatch):
+    # an encoder-decoder of 3 encoder and 1 decoder layers, 4 self-attention heads and 8 cross
+    model = random_model(ed, n_head=4, cross_n_head=8, n_layer_encoder=3, n_layer_decoder=1,
+                         embedding_loss_type="none", ln_encoder_out=False)
+    calls = {}
+
+    def draw_attention(path, title, maps, targets, layers, heads, labels, dpi):
+        calls[title.split()[1]] = (layers, heads)  # "run: encoder attention"
+
+    monkeypatch.setattr(visualize, "draw_attention", draw_attention)
+    config = dict(visualize.DEFAULTS, **flags)
+    visualize.draw_run("run", model, list(range(6)), [str(t) for t in range(6)], config, "")
+    assert calls == drawn
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"head": 8}, "head must be in 0..7 (run has 8 heads), got 8"),  # the cross-attention's 8
+    ({"layer": 3}, "layer must be in 0..2 (run has 3 layers), got 3"),  # the encoder's 3
+])
+def test_a_layer_or_head_that_no_kind_has_is_refused(flags, message):
+    model = random_model(ed, n_head=4, cross_n_head=8, n_layer_encoder=3, n_layer_decoder=1)
+    config = dict(visualize.DEFAULTS, **flags)
+    with pytest.raises(visualize.ConfigError, match=re.escape(message)):
+        visualize.draw_run("run", model, [0, 1], ["0", "1"], config, "")
 
 
 @draws  # the checks that need the checkpoint come after the one for matplotlib
@@ -488,13 +555,24 @@ def test_the_grid_spreads_the_layers_and_heads(grid, count, picked):
     ("--grid=0", "grid and dpi must be at least 1"),
     ("--start=", "the prompt is empty"),
     ("--checkpoint=final", "checkpoint must be 'best' or 'latest', got 'final'"),
-    ("--out_dir=x", "unknown key out_dir"),
 ])
 def test_bad_settings_are_one_line(runs, flag, message, tmp_path, capsys):
     assert visualize.main([runs["base"], PROMPT, flag, f"--save_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {err[7:]}" and message in err and err.count("\n") == 1
     assert os.listdir(tmp_path) == []
+
+
+@draws
+def test_run_folders_as_out_dir_flags(runs, tmp_path, capsys):
+    # --out_dir=RUN, as train.py writes it, and --out_dir RUN, each as often as there are runs
+    argv = [f"--out_dir={runs['base']}", PROMPT, "--out_dir", runs["future"], "--layer=0",
+            "--head=0", f"--save_dir={tmp_path}"]
+    assert visualize.main(argv) == 0
+    assert written(capsys.readouterr().out) == [
+        "attention_future_out-future.png", "attention_self_out-base.png",
+        "embeddings_out-base_vs_out-future.png"]
+    assert visualize.main([f"--out_dir={runs['base']}", PROMPT, f"--save_dir={tmp_path}"]) == 0
 
 
 def test_no_run_folder_is_one_line(capsys):
