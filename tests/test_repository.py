@@ -73,8 +73,13 @@ def test_no_tracked_file_points_outside_the_repository(what, pattern):
 # --------------------------------------------------------------------------------------
 # a minimal tutorial: the sizes a reader meets
 
-TRAINING_PATH_BUDGET = 55_500  # characters: train.py and what it imports, the model files aside
-SCRIPTS_BUDGET = 100_000  # train.py, sample.py, prepare_wikipedia.py and all that they import
+# characters: train.py and what it imports, the model files aside (55,500 before TF32 was set
+# for a run alone, cuda:N made current in every script, a lock's file removed with its run, and
+# a key of another model, a missing data folder and a run folder as a word answered)
+TRAINING_PATH_BUDGET = 58_500
+# train.py, sample.py, prepare_wikipedia.py and all that they import (100,000 before the above,
+# and prepare's text files named in a config file and one untitled text split by its lines)
+SCRIPTS_BUDGET = 105_000
 
 
 def lines_of(name):
