@@ -252,7 +252,10 @@ def check_data(data_dir, block_size, vocab_size):
 def prepare_command(data_dir):
     """The command that prepares data_dir, where prepare_wikipedia.py has one of its own."""
     datasets = {"data/wikipedia": "", "data/wikitext2": " --dataset=wikitext2",
-                "data/wikitext103": " --dataset=wikitext103"}
+                "data/wikitext103": " --dataset=wikitext103",
+                # the cpu_* configs' data: WikiText-2's test and valid files (docs/results.md)
+                "data/wikitext2_test_valid": " --input wikitext-2/test.txt"
+                " --val wikitext-2/valid.txt --detokenize --out_dir=data/wikitext2_test_valid"}
     flags = datasets.get(os.path.normpath(data_dir), f" --input TEXT --out_dir={data_dir}")
     return f"`python prepare_wikipedia.py{flags}`"
 

@@ -492,6 +492,7 @@ def documented_commands():
     commands = []
     for name in names:
         text = pathlib.Path(REPO, name).read_text(encoding="utf-8")
+        text = text.replace("\\\n", " ")  # a shell command continued on the next line
         text = text.replace("\n--", " --")  # a command wrapped before one of its flags
         for match in re.finditer(r"python prepare_wikipedia\.py([^`#\n]*)", text):
             words = match[1].replace("$(git ls-files '*.py')", "train.py sample.py")
@@ -535,10 +536,11 @@ def test_a_config_file_sets_keys_and_flags_win_over_it(tmp_path, monkeypatch):
 
 
 def accepted(argv):
-    """read_settings and check_settings of argv, with the files it names made (empty) in the
-    current folder."""
+    """read_settings and check_settings of argv, with the files it names made (empty, in their
+    folders) under the current folder."""
     config, given = pw.read_settings(argv)
     for path in [*config["input"], *config["val"], *([config["zip"]] if config["zip"] else [])]:
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(path).touch()
     pw.check_settings(config, given)  # raises for a command that does not work
     return config, given
@@ -549,6 +551,9 @@ def test_every_documented_command_line_is_accepted(tmp_path, monkeypatch):
     commands = documented_commands()
     assert len(commands) > 10 and ["--dataset=wikitext2"] in commands and ["--tokens"] in commands
     assert ["--input", "my_text.txt", "--val", "held_out.txt", "--out_dir=data/mytext"] in commands
+    # docs/results.md's, continued on a second line
+    assert ["--input", "wikitext-2/test.txt", "--val", "wikitext-2/valid.txt", "--detokenize",
+            "--out_dir=data/wikitext2_test_valid"] in commands
     for argv in commands:
         accepted(argv)
 

@@ -143,7 +143,8 @@ def test_the_card_scripts_are_within_their_budget():
 # complex a function may be, ruff checks (pyproject.toml: C901, PLR0912, PLR0915)
 INSTRUMENTS = ("bench.py", "study.py", "check_causal.py", "visualize.py", "report.py")
 INSTRUMENTS_BUDGET = 100_000
-README_LINES = 360
+# the tutorial's length: 360 lines, and since the project's own result its Results section
+README_LINES = 380
 
 
 def test_the_instruments_are_within_their_budget():
