@@ -14,6 +14,7 @@ Ctrl-C stops after the step under way, with its state saved.
 """
 
 import dataclasses
+import errno
 import hashlib
 import importlib.util
 import itertools
@@ -423,10 +424,13 @@ def write_atomically(path, write, size=0):
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-        if isinstance(e, OSError) or isinstance(e, RuntimeError) and free < size:
-            cause = getattr(e, "strerror", None) or "no space left on device"
-            raise UserError(f"cannot write {path}: {cause.lower()} ({free / 1e6:,.1f} MB free); "
-                            "make space, or write elsewhere") from None
+        full = isinstance(e, RuntimeError) and free < size  # torch.save's error has no errno
+        if full or isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"cannot write {path}: no space left on device ({free / 1e6:,.1f} MB "
+                            "free); make space, or write elsewhere") from None
+        if isinstance(e, OSError):  # a folder in the way, no permission, a read-only disk
+            cause = (e.strerror or str(e)).lower()
+            raise UserError(f"cannot write {path}: {cause}; write elsewhere") from None
         raise
     finally:
         WRITING.discard(path + ".tmp")

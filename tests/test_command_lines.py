@@ -99,9 +99,19 @@ def test_a_read_only_folder_is_one_line(tmp_path):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     (tmp_path / "study.md").write_text("old")
-    with pytest.raises(configurator.UserError, match=r"cannot write .*study.md: permission denied \("):
+    # no free space is claimed to be the cause, nor making space the cure
+    with pytest.raises(configurator.UserError, match=r"cannot write .*study.md: permission denied; "
+                                                     r"write elsewhere$"):
         train.write_atomically(str(tmp_path / "study.md"), refuse)
     assert (tmp_path / "study.md").read_text() == "old" and os.listdir(tmp_path) == ["study.md"]
+
+
+def test_a_folder_in_the_way_is_no_full_disk(tmp_path):
+    (tmp_path / "picture.png").mkdir()  # report.py --plot=FOLDER, say
+    with pytest.raises(configurator.UserError, match=r"cannot write .*picture.png: is a directory; "
+                                                     r"write elsewhere$"):
+        train.write_atomically(str(tmp_path / "picture.png"), lambda f: f.write(b"png"))
+    assert os.listdir(tmp_path) == ["picture.png"] and not os.listdir(tmp_path / "picture.png")
 
 
 PRINTS_MUCH = """
