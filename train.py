@@ -107,9 +107,10 @@ def get_config(argv, script_keys=()):
     defaults = dict(DEFAULTS, model_type=model_type)
     for field in dataclasses.fields(MODELS[model_type].GPTConfig):
         defaults[field.name] = field.default
-    for key in [*files, *overrides]:  # a key of another model: name that model
+    unknown = [key for key in [*files, *overrides] if key not in defaults]
+    for key in unknown:  # a key of another model: name that model
         owners = [name for name, module in MODELS.items()
-                  if key not in defaults and key in module.GPTConfig.__dataclass_fields__]
+                  if key in module.GPTConfig.__dataclass_fields__]
         if owners:
             raise ConfigError(f"{key} is a key of model_type {' and '.join(owners)}, not of "
                               f"{model_type}: add --model_type={owners[0]}")
@@ -253,10 +254,7 @@ def check_data(data_dir, block_size, vocab_size):
 def prepare_command(data_dir):
     """The command that prepares data_dir, where prepare_wikipedia.py has one of its own."""
     datasets = {"data/wikipedia": "", "data/wikitext2": " --dataset=wikitext2",
-                "data/wikitext103": " --dataset=wikitext103",
-                # the cpu_* configs' data: WikiText-2's test and valid files (docs/results.md)
-                "data/wikitext2_test_valid": " --input wikitext-2/test.txt"
-                " --val wikitext-2/valid.txt --detokenize --out_dir=data/wikitext2_test_valid"}
+                "data/wikitext103": " --dataset=wikitext103"}
     flags = datasets.get(os.path.normpath(data_dir), f" --input TEXT --out_dir={data_dir}")
     return f"`python prepare_wikipedia.py{flags}`"
 

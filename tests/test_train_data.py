@@ -39,8 +39,6 @@ def test_missing_or_short_data_is_one_clear_message(tmp_path, capsys):
     ("data/wikipedia", "python prepare_wikipedia.py"),
     ("data/wikitext2", "python prepare_wikipedia.py --dataset=wikitext2"),
     ("./data/wikitext103/", "python prepare_wikipedia.py --dataset=wikitext103"),
-    ("data/wikitext2_test_valid", "python prepare_wikipedia.py --input wikitext-2/test.txt "
-     "--val wikitext-2/valid.txt --detokenize --out_dir=data/wikitext2_test_valid"),
 ])
 def test_missing_data_names_the_command_that_prepares_it(data_dir, command, tmp_path, monkeypatch, capsys):
     # the folders prepare_wikipedia.py writes by default: each has its own command
